@@ -1,0 +1,40 @@
+"""compile_cache: make torch.compile a one-time cost.
+
+Regional compilation keyed by a native fingerprint of the module tree, and an on-disk artifact
+store that lets a fresh process, rank or node restore what an earlier compile produced.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import (
+    BackendUnavailableError,
+    CompileCacheError,
+    ConfigError,
+    CorruptPackError,
+    LockTimeoutError,
+    StoreError,
+    UnsafePathError,
+    UnsafeStoreError,
+)
+from .fingerprint import Fingerprint, backend, fingerprint, fingerprint_tree
+
+logging.getLogger("compile_cache").addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError",
+    "CompileCacheError",
+    "ConfigError",
+    "CorruptPackError",
+    "Fingerprint",
+    "LockTimeoutError",
+    "StoreError",
+    "UnsafePathError",
+    "UnsafeStoreError",
+    "backend",
+    "fingerprint",
+    "fingerprint_tree",
+]
