@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from .cache import CacheReport, last_report
 from .errors import (
     BackendUnavailableError,
     CompileCacheError,
@@ -19,6 +20,8 @@ from .errors import (
     UnsafeStoreError,
 )
 from .fingerprint import Fingerprint, backend, fingerprint, fingerprint_tree
+from .regions import RegionPlan, compile_regions, get_plan, plan_regions, region_stats
+from .store import Store
 
 logging.getLogger("compile_cache").addHandler(logging.NullHandler())
 
@@ -26,6 +29,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "CacheReport",
+    "RegionPlan",
+    "Store",
+    "compile_regions",
+    "get_plan",
+    "last_report",
+    "plan_regions",
+    "region_stats",
     "CompileCacheError",
     "ConfigError",
     "CorruptPackError",

@@ -1,0 +1,531 @@
+"""Capture what a compile wrote into torch's local caches, and restore it elsewhere.
+
+This is the only module of compile_cache that knows torch's cache internals. A *pack* is a plain
+``dict[str, bytes]`` of members:
+
+``inductor/<relative path>``
+    a file under the local Inductor cache dir (``TORCHINDUCTOR_CACHE_DIR``, default
+    ``/tmp/torchinductor_<user>``): FX-graph entries, AOTAutograd entries, compiled ``.so`` files,
+    precompile (Dynamo) entries.
+``triton/<relative path>``
+    a file under ``TRITON_CACHE_DIR`` when it is set outside the Inductor dir (otherwise Triton's
+    files sit under ``inductor/triton/...`` and travel as Inductor members).
+``megacache/artifacts.bin``
+    optional: the bytes of ``torch.compiler.save_cache_artifacts()``; load them with
+    :func:`load_megacache`. On CPU they add nothing once the files are restored (the compiled
+    ``.so`` files are not in them); on GPU they carry the Triton kernels inside the FX entries.
+
+Why files and not only the Mega-Cache: on CPU the Mega-Cache lacks the compiled C++ ``.so`` files,
+so a fresh cache dir rebuilds them with g++; the local cache dir is relocatable, so copying the
+files a compile added gives a full hit on a new node.
+
+Permissions travel by rule, not in the pack: :func:`restore` writes shared libraries (``.so``,
+``.dylib``, ``.pyd``, ``.dll``) with mode ``0o755`` and everything else with ``0o644`` (both
+subject to the umask); a caller that knows better passes ``modes`` (member -> permission bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import getpass
+import hashlib
+import logging
+import os
+import re
+import stat
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .errors import UnsafePathError
+
+log = logging.getLogger("compile_cache.artifacts")
+
+__all__ = [
+    "MEGACACHE_MEMBER",
+    "Capture",
+    "CompileCounters",
+    "RestoreResult",
+    "default_mode",
+    "is_skipped",
+    "load_megacache",
+    "local_cache_dirs",
+    "compile_with_precompile",
+    "precompile_options",
+    "restore",
+    "validate_member",
+]
+
+MEGACACHE_MEMBER = "megacache/artifacts.bin"
+_EXECUTABLE_SUFFIXES = (".so", ".dylib", ".pyd", ".dll")
+# Directories under a cache root whose content is never worth carrying: lock files, and Inductor's
+# own temporary files.
+_SKIP_DIRS = frozenset({"locks", "__pycache__"})
+# File suffixes that are dropped from packs: locks and temporaries, and the C++ build intermediates
+# (a fresh process loads the ``.so`` and never rebuilds once the FX entry hits; see the report).
+_SKIP_SUFFIXES = (".lock", ".tmp", ".o", ".cpp", ".h", ".gch", ".json.tmp")
+_SKIP_PREFIXES = ("tmp", ".tmp")
+
+
+# --------------------------------------------------------------------------------------------
+# Where torch caches
+
+
+def local_cache_dirs() -> dict[str, Path]:
+    """The local cache roots a compile writes to, by label: ``inductor`` and ``triton``.
+
+    The Inductor dir honours ``TORCHINDUCTOR_CACHE_DIR`` (torch's own resolution, which also
+    creates it). The Triton dir is ``TRITON_CACHE_DIR`` when set, else ``<inductor>/triton``,
+    where Inductor points Triton (then it is nested and its files are captured as ``inductor/``).
+    """
+    inductor = Path(_inductor_cache_dir())
+    triton_env = os.environ.get("TRITON_CACHE_DIR")
+    triton = Path(os.path.abspath(triton_env)) if triton_env else inductor / "triton"
+    return {"inductor": inductor, "triton": triton}
+
+
+def _inductor_cache_dir() -> str:
+    """Torch's Inductor cache dir, without importing ``torch._inductor`` when it is not loaded.
+
+    ``import torch._inductor`` costs ~1 s on a cold process; torch pays it anyway at the first
+    compile, but restore runs before that. When the module is loaded, its answer is used as is;
+    otherwise its rule (torch 2.8-2.13) is replicated: ``TORCHINDUCTOR_CACHE_DIR`` or
+    ``<tmp>/torchinductor_<user>`` (``/var/tmp`` in fbcode), made absolute.
+    """
+    mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if mod is not None:
+        return str(mod.cache_dir())
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env is None:
+        try:
+            from torch._environment import is_fbcode
+        except ImportError:  # pragma: no cover
+
+            def is_fbcode() -> bool:
+                return False
+
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            getuid = getattr(os, "getuid", None)
+            user = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
+        user = re.sub(r'[\\/:*?"<>|]', "_", user)
+        base = "/var/tmp" if is_fbcode() else tempfile.gettempdir()
+        env = os.path.join(base, "torchinductor_" + user)
+    return os.path.abspath(env)
+
+
+def _roots(dirs: Mapping[str, Path] | None) -> list[tuple[str, Path]]:
+    """Label/root pairs, with a root nested inside another one dropped (its files go once)."""
+    dirs = dict(local_cache_dirs() if dirs is None else dirs)
+    out: list[tuple[str, Path]] = []
+    for label, root in dirs.items():
+        root = Path(os.path.abspath(root))
+        nested = any(
+            other_label != label and _is_within(root, Path(os.path.abspath(other)))
+            for other_label, other in dirs.items()
+        )
+        if not nested:
+            out.append((label, root))
+    return out
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def is_skipped(relpath: str) -> bool:
+    """True for files a pack never carries: locks, temporaries, C++ build intermediates.
+
+    ``relpath`` is POSIX and relative to a cache root. What a fresh process needs for zero FX-graph
+    misses and no g++ run on CPU is the FX-graph entry (``fxgraph/``), the AOTAutograd entry
+    (``aotautograd/``) and the ``.so`` each one names; the ``.cpp``/``.o``/``.h``/``.gch`` files
+    are kept by Inductor only as build inputs.
+    """
+    parts = relpath.split("/")
+    if any(p in _SKIP_DIRS for p in parts[:-1]):
+        return True
+    name = parts[-1]
+    if name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES):
+        return True
+    # Inductor's write_atomic temporaries: ".<pid>.<thread>.tmp"; other hidden partial files.
+    return name.startswith(".")
+
+
+# --------------------------------------------------------------------------------------------
+# Counters
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCounters:
+    """Hit/miss counts of torch's local FX-graph and AOTAutograd caches at one moment.
+
+    Take a snapshot before a compile and ``diff`` one after: a local-cache hit shows as
+    ``fxgraph_hit >= 1`` and ``fxgraph_miss == 0``.
+    """
+
+    fxgraph_hit: int = 0
+    fxgraph_miss: int = 0
+    fxgraph_bypass: int = 0
+    autograd_hit: int = 0
+    autograd_miss: int = 0
+
+    @classmethod
+    def snapshot(cls) -> CompileCounters:
+        """Read ``torch._dynamo.utils.counters`` now."""
+        from torch._dynamo.utils import counters
+
+        ind = counters["inductor"]
+        aot = counters["aot_autograd"]
+        return cls(
+            fxgraph_hit=int(ind["fxgraph_cache_hit"]),
+            fxgraph_miss=int(ind["fxgraph_cache_miss"]),
+            fxgraph_bypass=int(ind["fxgraph_cache_bypass"]),
+            autograd_hit=int(aot["autograd_cache_hit"]),
+            autograd_miss=int(aot["autograd_cache_miss"]),
+        )
+
+    def diff(self, before: CompileCounters) -> CompileCounters:
+        """The counts added since ``before``."""
+        return CompileCounters(
+            **{
+                f.name: getattr(self, f.name) - getattr(before, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    @property
+    def hit(self) -> bool:
+        """True when the compile hit the local FX-graph cache and missed nothing."""
+        return self.fxgraph_hit > 0 and self.fxgraph_miss == 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain dict, for logs and JSON."""
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Capture
+
+
+_Stamp = tuple[int, int]  # (size, mtime_ns)
+
+
+def _scan(roots: Iterable[tuple[str, Path]]) -> dict[str, tuple[Path, _Stamp]]:
+    """Member name -> (path, stamp) for every regular, non-skipped file under the roots."""
+    found: dict[str, tuple[Path, _Stamp]] = {}
+    roots = list(roots)
+    root_paths = {r for _, r in roots}
+    for label, root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            here = Path(dirpath)
+            # Don't descend into another label's root (a nested TRITON_CACHE_DIR) or skipped dirs.
+            dirnames[:] = [
+                d for d in dirnames if d not in _SKIP_DIRS and (here / d) not in root_paths
+            ]
+            rel_dir = here.relative_to(root).as_posix()
+            for fn in filenames:
+                rel = fn if rel_dir == "." else f"{rel_dir}/{fn}"
+                if is_skipped(rel):
+                    continue
+                path = here / fn
+                try:
+                    st = path.lstat()
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                found[f"{label}/{rel}"] = (path, (st.st_size, st.st_mtime_ns))
+    return found
+
+
+class Capture:
+    """What a compile adds to the local caches: snapshot before, :meth:`collect` after.
+
+    The snapshot holds names, sizes and mtimes only (one directory walk). Start it before
+    ``torch.compile``/``module.compile()`` and call :meth:`collect` after the first forward (the
+    compile happens lazily there).
+    """
+
+    def __init__(self, dirs: Mapping[str, Path] | None = None) -> None:
+        self._roots = _roots(dirs)
+        self._before = {name: st for name, (_, st) in _scan(self._roots).items()}
+
+    @property
+    def roots(self) -> dict[str, Path]:
+        """The label -> root pairs this capture watches."""
+        return dict(self._roots)
+
+    def changed(self) -> dict[str, Path]:
+        """Member name -> path of every file added or changed since the snapshot."""
+        now = _scan(self._roots)
+        return {
+            name: path for name, (path, st) in sorted(now.items()) if self._before.get(name) != st
+        }
+
+    def collect(self, megacache: bool = False) -> dict[str, bytes]:
+        """Member name -> bytes of every file added or changed since the snapshot.
+
+        With ``megacache=True`` the pack also holds ``megacache/artifacts.bin`` from
+        ``torch.compiler.save_cache_artifacts()`` (when it returns anything). A file that vanished
+        between the walk and the read is left out.
+        """
+        members: dict[str, bytes] = {}
+        blob = b""
+        if megacache or _precompile_enabled():
+            # save_cache_artifacts also writes the Dynamo precompile entries (with
+            # caching_precompile) to <inductor>/dynamo/<source id>/entry: call it before the walk.
+            import torch
+
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None and saved[0]:
+                blob = saved[0]
+        for name, path in self.changed().items():
+            try:
+                members[name] = path.read_bytes()
+            except OSError as e:  # removed or replaced meanwhile: not ours to carry
+                log.debug("capture: skipping %s: %s", path, e)
+        if megacache and blob:
+            members[MEGACACHE_MEMBER] = blob
+        return members
+
+
+def _precompile_enabled() -> bool:
+    dynamo_config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(dynamo_config, "caching_precompile", False))
+
+
+def load_megacache(members: Mapping[str, bytes]) -> bool:
+    """Hot-load the pack's Mega-Cache bytes, if any; False when absent or torch rejects them."""
+    data = members.get(MEGACACHE_MEMBER)
+    if not data:
+        return False
+    import torch
+
+    try:
+        torch.compiler.load_cache_artifacts(data)
+    except Exception as e:  # a bad blob is a miss, never a crash
+        log.warning("compile_cache: could not load Mega-Cache artifacts: %s", e)
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Restore
+
+
+@dataclasses.dataclass
+class RestoreResult:
+    """What :func:`restore` did: files written, files already present, and bytes written."""
+
+    written: list[str] = dataclasses.field(default_factory=list)
+    present: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    bytes_written: int = 0
+
+
+def validate_member(name: str) -> tuple[str, PurePosixPath]:
+    """Split a member name into (label, relative path), or raise :class:`UnsafePathError`.
+
+    Rejected: empty names, absolute paths, backslashes, NUL bytes, empty, ``.`` or ``..`` parts,
+    and names without a path below the label.
+    """
+    # TODO(_paths.py): the lead will dedupe this with compile_cache/_paths.py's safe-path helpers.
+    if not isinstance(name, str) or not name:
+        raise UnsafePathError(f"unsafe pack member name: {name!r}")
+    if "\x00" in name or "\\" in name or name.startswith("/"):
+        raise UnsafePathError(f"unsafe pack member name: {name!r}")
+    parts = name.split("/")
+    if len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
+        raise UnsafePathError(f"unsafe pack member name: {name!r}")
+    return parts[0], PurePosixPath(*parts[1:])
+
+
+def default_mode(name: str) -> int:
+    """The permission bits restore gives a member: 0o755 for shared libraries, else 0o644."""
+    return 0o755 if name.endswith(_EXECUTABLE_SUFFIXES) else 0o644
+
+
+def _check_no_links(root: Path, rel: PurePosixPath, name: str) -> None:
+    """Raise if an existing component of root/rel is a symlink, or the target is not a file."""
+    cur = root
+    for i, part in enumerate(rel.parts):
+        cur = cur / part
+        try:
+            st = cur.lstat()
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"pack member {name!r} would write through a link at {cur}")
+        last = i == len(rel.parts) - 1
+        if not last and not stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(f"pack member {name!r}: {cur} is not a directory")
+        if last and not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"pack member {name!r}: {cur} exists and is not a regular file")
+
+
+def restore(
+    members: Mapping[str, bytes],
+    modes: Mapping[str, int] | None = None,
+    dirs: Mapping[str, Path] | None = None,
+) -> RestoreResult:
+    """Write a pack's files into the current local cache dirs.
+
+    Every member name is checked before anything is written (:class:`UnsafePathError` names the
+    first bad one): it must be ``<label>/<relative path>`` with a known label, no absolute path,
+    no ``..``/``.``/empty parts, and no existing link on the way. ``megacache/...`` members are not
+    files and are skipped (load them with :func:`load_megacache`). A file that already exists
+    with the same bytes is left alone (idempotent); otherwise the bytes go to a unique temporary
+    name in the target dir and ``os.replace`` publishes them, so processes restoring the same pack
+    concurrently never see a partial file. ``modes`` overrides :func:`default_mode` per member.
+    """
+    roots = {label: Path(os.path.abspath(p)) for label, p in (dirs or local_cache_dirs()).items()}
+    plan: list[tuple[str, Path, bytes]] = []
+    result = RestoreResult()
+    for name, data in members.items():
+        label, rel = validate_member(name)
+        if label == "megacache":
+            result.skipped.append(name)
+            continue
+        root = roots.get(label)
+        if root is None:
+            raise UnsafePathError(f"pack member {name!r} has unknown label {label!r}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise UnsafePathError(f"pack member {name!r} is not bytes")
+        _check_no_links(root, rel, name)
+        plan.append((name, root.joinpath(*rel.parts), bytes(data)))
+
+    umask = _umask()
+    for name, target, data in plan:
+        _record_trusted(name, target, data)
+        if _same_file(target, data):
+            result.present.append(name)
+            continue
+        mode = (modes or {}).get(name, default_mode(name)) & 0o777 & ~umask
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".cc-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    log.debug("restore: could not remove %s: %s", tmp, e)
+            raise
+        result.written.append(name)
+        result.bytes_written += len(data)
+    return result
+
+
+def _same_file(path: Path, data: bytes) -> bool:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+        return False
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _umask() -> int:
+    # os.umask has no read-only form; this pair is process-global but brief.
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+# --------------------------------------------------------------------------------------------
+# Precompile (Dynamo tracing skipped)
+#
+# With torch._dynamo.config.caching_precompile, save_cache_artifacts() writes a Dynamo entry to
+# <inductor>/dynamo/<sha256(forward qualname + first line)>/entry, holding the guards, the traced
+# bytecode and the compiled backend (bundled AOTAutograd entry): a process that finds it skips
+# tracing. The key names only the function: every module compiled with ``module.compile()`` hashes
+# ``nn.Module._call_impl``, so two module types would share one slot and, with portable guards (the
+# class and identity guards dropped), one type could run the other's code when tensor metadata
+# match. Hence: load a Dynamo entry only when this process restored it from a pack (keyed by our
+# fingerprint) or wrote it itself; otherwise compile normally.
+
+_trusted_entries: dict[str, bytes] = {}  # path -> bytes restore() wrote or found for this process
+
+
+def _record_trusted(name: str, target: Path, data: bytes) -> None:
+    if name.startswith("inductor/dynamo/") and name.endswith("/entry"):
+        _trusted_entries[str(target)] = hashlib.sha256(data).digest()
+
+
+def precompile_options() -> dict[str, Any]:
+    """``options=`` for ``torch.compile``/``module.compile`` when precompile is used.
+
+    Portable guards only (tensor metadata, shape env, global state): the default guard set holds
+    class-identity guards that cannot be serialised (``CLASS_MATCH guard cannot be serialized`` on
+    GPT-2 blocks). What the dropped guards checked is covered by the fingerprint in our key.
+    """
+    import torch
+
+    return {"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
+
+
+def _dynamo_entry_path(fn: Any) -> Path | None:
+    try:
+        from torch._dynamo.package import CompilePackage
+
+        key = CompilePackage.source_id_from_fn(fn)
+    except Exception:
+        return None
+    return local_cache_dirs()["inductor"] / "dynamo" / key / "entry"
+
+
+def compile_with_precompile(module: Any, **compile_kwargs: Any) -> bool:
+    """``module.compile(**compile_kwargs)`` with Dynamo precompile when it is safe; True if used.
+
+    Turns on ``torch._dynamo.config.caching_precompile`` (process-wide: later captures then carry
+    ``inductor/dynamo/.../entry``) and merges :func:`precompile_options` into ``options``. A Dynamo
+    entry already in the local dir is loaded only if :func:`restore` wrote or verified exactly those
+    bytes in this process; an unknown entry (another model's, same ``_call_impl`` key) makes this
+    fall back to a normal compile. Any exception from the precompile path also falls back, after
+    undoing the partial compile.
+    """
+    import torch
+
+    entry = _dynamo_entry_path(type(module)._call_impl)
+    if entry is not None and entry.exists():
+        try:
+            digest = hashlib.sha256(entry.read_bytes()).digest()
+        except OSError:
+            digest = b""
+        if _trusted_entries.get(str(entry)) != digest:
+            log.info("precompile: untrusted Dynamo entry at %s; compiling normally", entry)
+            with torch._dynamo.config.patch(caching_precompile=False):
+                module.compile(**compile_kwargs)
+            return False
+    kwargs = dict(compile_kwargs)
+    kwargs["options"] = {**(kwargs.get("options") or {}), **precompile_options()}
+    try:
+        torch._dynamo.config.caching_precompile = True
+        module.compile(**kwargs)
+        return True
+    except Exception as e:  # torch's loader does not catch everything (e.g. '_Missing' errors)
+        log.warning("precompile failed (%s: %s); compiling normally", type(e).__name__, e)
+        module.__dict__.pop("_compiled_call_impl", None)
+        with torch._dynamo.config.patch(caching_precompile=False):
+            module.compile(**compile_kwargs)
+        return False

@@ -1,0 +1,331 @@
+"""Ties a regional compile to the store: restore before compiling, publish what forwards compiled.
+
+The data flows one way: model -> fingerprint -> key -> store (restore) -> torch.compile -> first
+forward -> capture -> store (publish). ``regions.py`` calls :func:`open_session` before it compiles
+(Dynamo looks for precompiled entries when ``torch.compile`` wraps a function, so restoring must
+come first) and :meth:`CacheSession.attach` after. This module knows neither the disk layout
+(``store.py``) nor torch's cache internals (``artifacts.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import artifacts
+from ._sizes import format_size
+from .environment import environment, environment_digest
+from .errors import CompileCacheError, ConfigError, UnsafeStoreError
+from .fingerprint import fingerprint
+from .store import Store
+
+logger = logging.getLogger("compile_cache")
+
+KEY_FORMAT = 1
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclasses.dataclass
+class CacheReport:
+    """What the last ``compile_regions`` restored, compiled and published (``last_report()``)."""
+
+    key: str
+    store: str
+    precompile: bool = False
+    restored_packs: int = 0
+    restored_files: int = 0
+    restored_bytes: int = 0
+    restore_seconds: float = 0.0
+    fxgraph_hits: int = 0
+    fxgraph_misses: int = 0
+    published_packs: int = 0
+    published_bytes: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def hit(self) -> bool:
+        """True when packs were restored and no forward so far had to compile anything new."""
+        return self.restored_packs > 0 and self.fxgraph_misses == 0
+
+    def summary(self) -> str:
+        """One line for logs and the demo."""
+        parts = []
+        if self.restored_packs:
+            parts.append(
+                f"restored {self.restored_packs} pack(s), {self.restored_files} files, "
+                f"{format_size(self.restored_bytes)} in {self.restore_seconds * 1e3:.0f} ms"
+            )
+        else:
+            parts.append("nothing to restore")
+        parts.append(
+            f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} from cache"
+        )
+        if self.published_packs:
+            parts.append(
+                f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
+            )
+        if self.errors:
+            parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")
+        return f"key {self.key[:12]}: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["hit"] = self.hit
+        return data
+
+
+_last_report: CacheReport | None = None
+_report_lock = threading.Lock()
+
+
+def last_report() -> CacheReport | None:
+    """The report of the most recent ``compile_regions`` that used a store, updated as it runs."""
+    return _last_report
+
+
+def precompile_requested(precompile: bool | None) -> bool:
+    """``precompile`` if given, else ``COMPILE_CACHE_PRECOMPILE`` (default off)."""
+    if precompile is not None:
+        return bool(precompile)
+    raw = os.environ.get("COMPILE_CACHE_PRECOMPILE", "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"COMPILE_CACHE_PRECOMPILE={raw!r} is not a boolean; use 1 or 0")
+
+
+def with_precompile(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` keywords that also save and load Dynamo's traced code (precompile).
+
+    Turns on ``torch._dynamo.config.caching_precompile`` for the process and keeps only portable
+    guards: the class and identity guards it drops are what our fingerprint key already checks,
+    and each region group has its own code object, so groups never share a precompiled entry.
+    """
+    torch._dynamo.config.caching_precompile = True
+    kwargs = dict(compile_kwargs)
+    kwargs["options"] = {**(kwargs.get("options") or {}), **artifacts.precompile_options()}
+    return kwargs
+
+
+def _describe_callable(value: object) -> str:
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return f"{module}.{name}"
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able, process-independent form of a torch.compile keyword value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if callable(value):
+        return _describe_callable(value)
+    return repr(value)
+
+
+def entry_key(model: nn.Module, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> str:
+    """The store key: model fingerprint, plan, torch.compile keywords, environment, precompile."""
+    material = {
+        "format": KEY_FORMAT,
+        "model": fingerprint(model).hex,
+        "plan": plan.to_dict() if hasattr(plan, "to_dict") else repr(plan),
+        "compile": _canonical(compile_kwargs),
+        "environment": environment_digest(),
+        "precompile": precompile,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class CacheSession:
+    """One model's link to the store: restores at open, publishes after forwards that compiled."""
+
+    def __init__(self, store: Store, key: str, model: nn.Module, precompile: bool) -> None:
+        self.store = store
+        self.key = key
+        self.precompile = precompile
+        self.report = CacheReport(key=key, store=str(store.root), precompile=precompile)
+        self._entry_info = {
+            "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "torch": torch.__version__,
+            "device": _device_of(model),
+        }
+        self._capture: artifacts.Capture | None = None
+        self._counters = artifacts.CompileCounters.snapshot()
+        self._lock = threading.Lock()
+
+    # -- before compiling -------------------------------------------------------------------
+    def restore(self) -> None:
+        """Writes every pack of the key into the local Inductor/Triton dirs; counts hit or miss."""
+        start = time.perf_counter()
+        packs = self.store.load(self.key)
+        for pack in packs:
+            try:
+                result = artifacts.restore(pack.members)
+            except (CompileCacheError, OSError) as exc:
+                self._error("restore", f"pack {pack.info.name}: {exc}")
+                continue
+            self.report.restored_packs += 1
+            self.report.restored_files += len(result.written) + len(result.present)
+            self.report.restored_bytes += pack.info.data_bytes
+        self.report.restore_seconds = time.perf_counter() - start
+        if self.report.restored_packs:
+            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
+        else:
+            self.store.record_miss(self.key)
+        self._capture = artifacts.Capture()
+        self._counters = artifacts.CompileCounters.snapshot()
+
+    # -- after forwards ---------------------------------------------------------------------
+    def after_forward(self, seconds: float) -> None:
+        """Publishes what a forward compiled; a forward that compiled nothing costs a few lookups."""
+        now = artifacts.CompileCounters.snapshot()
+        if now == self._counters:
+            return
+        with self._lock:
+            diff = now.diff(self._counters)
+            self._counters = now
+            self.report.fxgraph_hits += diff.fxgraph_hit
+            self.report.fxgraph_misses += diff.fxgraph_miss
+            if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
+                return
+            capture, self._capture = self._capture, None
+            if capture is None:
+                capture = artifacts.Capture()
+            self._publish(capture, seconds)
+            self._capture = artifacts.Capture()
+
+    def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
+        try:
+            members = capture.collect()
+        except OSError as exc:
+            self._error("capture", str(exc))
+            return
+        if not members:
+            return
+        info = self.store.publish(
+            self.key,
+            members,
+            metadata={"fxgraph_misses": self.report.fxgraph_misses, "precompile": self.precompile},
+            entry_info=self._entry_info,
+            compile_seconds=seconds,
+        )
+        if info is not None:
+            self.report.published_packs += 1
+            self.report.published_bytes += info.size
+            logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
+
+    def precompile_failed(self, name: str, exc: BaseException) -> None:
+        """Loading precompiled code failed: warn, count, and let the caller compile normally."""
+        self._error(
+            "precompile",
+            f"precompiled code for {name or '<root>'} did not load ({type(exc).__name__}: {exc})",
+        )
+
+    def _error(self, kind: str, message: str) -> None:
+        self.report.errors.append(f"{kind}: {message}")
+        self.store.record_error(kind)
+        warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}", stacklevel=3)
+
+    # -- wiring -----------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        """Observes the model's outermost call, outside any compiled code."""
+        runner = model.__dict__.get("_compiled_call_impl")
+        if runner is not None:  # the root itself is compiled: wrap its compiled call
+            model._compiled_call_impl = _ObservedCall(runner, self)
+            return
+        handle_pre = model.register_forward_pre_hook(_start_timer)
+        handle_post = model.register_forward_hook(_make_post_hook(self))
+        old = getattr(model, "_compile_cache_hooks", None)
+        if old:
+            for handle in old:
+                handle.remove()
+        model.__dict__["_compile_cache_hooks"] = (handle_pre, handle_post)
+
+
+_clock = threading.local()
+
+
+def _start_timer(module: nn.Module, args: Any) -> None:
+    _clock.start = time.perf_counter()
+
+
+def _make_post_hook(session: CacheSession) -> Any:
+    def _after(module: nn.Module, args: Any, output: Any) -> None:
+        session.after_forward(time.perf_counter() - getattr(_clock, "start", time.perf_counter()))
+
+    return _after
+
+
+class _ObservedCall:
+    """Wraps a compiled root call so the session sees each forward end, outside compiled code."""
+
+    __slots__ = ("__wrapped__", "session")
+
+    def __init__(self, wrapped: Any, session: CacheSession) -> None:
+        self.__wrapped__ = getattr(wrapped, "__wrapped__", wrapped)
+        self.session = session
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = self.__wrapped__(*args, **kwargs)
+        self.session.after_forward(time.perf_counter() - start)
+        return out
+
+
+def _device_of(model: nn.Module) -> str:
+    for tensor in model.parameters():
+        return str(tensor.device.type)
+    return "cpu"
+
+
+def open_session(
+    model: nn.Module,
+    plan: Any,
+    compile_kwargs: dict[str, Any],
+    cache_dir: str | os.PathLike[str] | bool | None,
+    precompile: bool,
+) -> CacheSession | None:
+    """Opens the store for ``model`` and restores its packs; None when the store is off.
+
+    A store that cannot be used (I/O errors, a path that vanished) warns once and the job goes on
+    without it; a store whose permissions would let others plant code is refused (raises).
+    """
+    global _last_report
+    if cache_dir is False:
+        return None
+    try:
+        store = Store(None if cache_dir is None or cache_dir is True else cache_dir)
+    except UnsafeStoreError:
+        raise
+    except (CompileCacheError, OSError) as exc:
+        warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}", stacklevel=3)
+        return None
+    key = entry_key(model, plan, compile_kwargs, precompile)
+    session = CacheSession(store, key, model, precompile)
+    try:
+        session.restore()
+    except OSError as exc:
+        session._error("restore", str(exc))
+    with _report_lock:
+        _last_report = session.report
+    logger.info("compile_cache: %s", session.report.summary())
+    return session
+
+
+__all__ = ["CacheReport", "CacheSession", "entry_key", "last_report", "open_session", "environment"]

@@ -1,0 +1,222 @@
+"""The environment key: everything outside the model that makes torch's compiled code differ.
+
+An artifact compiled under one environment is only restored under an equal one, because torch's
+own cache keys (``FxGraphHashDetails`` in ``torch/_inductor/codecache.py``) contain the same
+things and any difference is a silent miss at best. The fields mirror that key: torch build,
+Python, Triton, CUDA, device name and capability, the CPU thread count (``get_num_threads()`` is in
+the FX key of CPU graphs), the default dtype, deterministic-algorithm settings, and digests of the
+Inductor, AOTAutograd (functorch) and Dynamo configs.
+
+Everything here is cheap (no Triton import, no CUDA initialisation when CUDA is absent) and stable
+across processes (no ``hash()``, no ids, no addresses, no paths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import sys
+from typing import Any
+
+__all__ = ["cross_rank_hazards", "environment", "environment_digest"]
+
+# Dynamo settings that only steer logging, debugging or where files go: not part of the key
+# (some hold absolute paths, which would split the key per working directory).
+_DYNAMO_IGNORE_PREFIXES = (
+    "_",
+    "base_dir",
+    "debug",
+    "log",
+    "repro",
+    "verbose",
+    "cprofile",
+    "print_",
+    "report_",
+    "verify_correctness",
+    "replay_record",
+)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able, process-independent form of a config value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    uuid = getattr(value, "uuid", None)
+    if callable(uuid):  # custom passes (CustomGraphPass) identify themselves this way
+        try:
+            return f"uuid:{uuid()}"
+        except Exception:
+            pass
+    if callable(value):
+        mod = getattr(value, "__module__", None) or ""
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"callable:{mod}.{name}"
+    return _ADDRESS.sub("", repr(value))
+
+
+def _config_digest(cfg: Any, ignore_prefixes: tuple[str, ...] = ()) -> str:
+    """sha256 (first 32 hex) of a torch config module's portable dict, canonicalised."""
+    try:
+        data = cfg.save_config_portable(ignore_private_configs=False, readonly_values=True)
+    except TypeError:  # older signature
+        data = cfg.save_config_portable()
+    data = {k: v for k, v in data.items() if not k.startswith(ignore_prefixes)}
+    blob = json.dumps(_canonical(data), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _triton_version() -> str:
+    """Triton's version from package metadata (never imports triton); "" when absent."""
+    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "triton-xpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "" if importlib.util.find_spec("triton") is None else "unknown"
+
+
+def _cpu_capability() -> str:
+    """The CPU vector ISA torch dispatches to, plus the ISA flags Inductor picks from.
+
+    Not in torch's FX-graph key: an entry compiled where AVX-512 is picked loads its AVX-512
+    ``.so`` on an AVX2-only node (SIGILL), so our key must carry it. Read from cpuinfo (cheap),
+    never from Inductor's build probe.
+    """
+    import torch
+
+    parts = []
+    try:
+        parts.append(str(torch.backends.cpu.get_cpu_capability()))
+    except Exception:
+        parts.append("unknown")
+    for flag in ("avx2", "avx512", "vnni", "amx_tile", "arm_sve"):
+        probe = getattr(torch.cpu, f"_is_{flag}_supported", None)
+        if probe is not None:
+            try:
+                if probe():
+                    parts.append(flag)
+            except Exception:
+                pass
+    return "+".join(parts)
+
+
+def environment() -> dict[str, str]:
+    """The environment key fields, as strings.
+
+    Torch and its configs must already be importable; the call costs a few milliseconds once
+    torch is imported (it reads configs, never compiles, never initialises CUDA when absent).
+    """
+    import torch
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    env: dict[str, str] = {
+        "torch": torch.__version__,
+        "torch_git": str(getattr(torch.version, "git_version", "")),
+        "torch_debug": str(bool(getattr(torch.version, "debug", False))),
+        "torch_cuda": str(torch.version.cuda or ""),
+        "torch_hip": str(getattr(torch.version, "hip", None) or ""),
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
+        "python_impl": platform.python_implementation(),
+        "triton": _triton_version(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_threads": str(torch.get_num_threads()),
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": f"{torch.are_deterministic_algorithms_enabled()}/"
+        f"{torch.is_deterministic_algorithms_warn_only_enabled()}",
+        "cpu_capability": _cpu_capability(),
+        "inductor_config": _config_digest(inductor_config),
+        "functorch_config": _config_digest(functorch_config),
+        "dynamo_config": _config_digest(dynamo_config, _DYNAMO_IGNORE_PREFIXES),
+    }
+    env["cuda_available"] = "0"
+    try:
+        if torch.cuda.is_available():
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            env["cuda_available"] = "1"
+            env["device_name"] = str(props.name)
+            env["device_capability"] = f"{props.major}.{props.minor}"
+            env["device_count"] = str(torch.cuda.device_count())
+    except Exception:  # a broken driver must not stop key computation
+        env["cuda_available"] = "error"
+    return env
+
+
+def environment_digest(env: dict[str, str] | None = None) -> str:
+    """A stable 32-hex digest of an environment dict (sha256 over sorted compact JSON)."""
+    if env is None:
+        env = environment()
+    blob = json.dumps(env, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def cross_rank_hazards() -> list[str]:
+    """Settings that make torch's cache keys differ between ranks: each a message with its fix.
+
+    Two silent-miss hazards: (1) a CUDA device index other than 0 is part of the FX-graph key
+    (inputs on ``cuda:3`` never hit entries compiled on ``cuda:0``); (2) on CPU the thread count
+    (``torch.get_num_threads()``) is part of the key, and its default follows the cores the process
+    sees. Never raises; returns [] when nothing is at risk.
+    """
+    hazards: list[str] = []
+    try:
+        import torch
+
+        local_rank = os.environ.get("LOCAL_RANK")
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        device_index: int | None = None
+        try:
+            if torch.cuda.is_available():
+                device_index = torch.cuda.current_device()
+        except Exception:
+            device_index = None
+        if device_index is not None and device_index != 0:
+            hazards.append(
+                f"CUDA device index {device_index} is in use: torch's FX-graph key holds the "
+                "device index, so ranks on different indices never share compiled code. Fix: "
+                "`torchrun --virtual-local-rank`, or set CUDA_VISIBLE_DEVICES per rank so each "
+                "rank sees its GPU as cuda:0."
+            )
+        elif (
+            device_index is not None
+            and local_rank not in (None, "0")
+            and (cvd is None or "," in cvd)
+        ):
+            hazards.append(
+                f"LOCAL_RANK={local_rank} with CUDA_VISIBLE_DEVICES={cvd!r}: if this rank moves "
+                f"to cuda:{local_rank} its cache keys will differ from rank 0's. Fix: "
+                "`torchrun --virtual-local-rank`, or one GPU per rank via CUDA_VISIBLE_DEVICES."
+            )
+        omp = os.environ.get("OMP_NUM_THREADS")
+        threads = torch.get_num_threads()
+        if omp is None:
+            hazards.append(
+                f"CPU thread count ({threads}) is not pinned: it is part of torch's FX-graph key "
+                "for CPU code and its default follows the cores each process sees, so ranks or "
+                "nodes with different core counts miss each other's entries. Fix: set "
+                "OMP_NUM_THREADS or call torch.set_num_threads(N) with a fixed N before compiling."
+            )
+        elif omp.strip().isdigit() and int(omp) != threads:
+            hazards.append(
+                f"torch.get_num_threads() is {threads} but OMP_NUM_THREADS={omp}: the thread count "
+                "in torch's key is not the one configured. Fix: call torch.set_num_threads(N) "
+                "with one fixed N everywhere before compiling."
+            )
+    except Exception as e:  # pragma: no cover - a sketch must never break the caller
+        hazards.append(f"could not check cross-rank hazards: {e}")
+    return hazards

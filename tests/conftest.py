@@ -1,0 +1,117 @@
+"""Shared test fixtures: Dynamo reset, a graph-counting backend, tiny transformers models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+
+
+@pytest.fixture
+def dynamo_reset() -> Iterator[None]:
+    """Clears Dynamo's caches and counters before and after the test."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()
+
+
+class CountingBackend:
+    """A torch.compile backend that records every graph it gets and runs it as captured.
+
+    ``graphs``: the FX GraphModules; ``symbolic``: how many graphs have a SymInt placeholder or a
+    placeholder tensor with a symbolic size (dynamic shapes); ``calls``: graph executions.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+        self.calls = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        self.graphs.append(gm)
+
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+    @staticmethod
+    def is_symbolic(gm: torch.fx.GraphModule) -> bool:
+        for node in gm.graph.find_nodes(op="placeholder"):
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.SymInt):
+                return True
+            if isinstance(value, torch.Tensor) and any(
+                isinstance(s, torch.SymInt) for s in value.shape
+            ):
+                return True
+        return False
+
+    @property
+    def symbolic(self) -> int:
+        return sum(self.is_symbolic(gm) for gm in self.graphs)
+
+
+@pytest.fixture
+def counting_backend(dynamo_reset: None) -> CountingBackend:
+    return CountingBackend()
+
+
+@pytest.fixture
+def tiny_gpt2() -> Callable[..., torch.nn.Module]:
+    """Builds a random-weight GPT-2 (2 layers, width 64 by default) from a config."""
+
+    def build(n_layer: int = 2, n_embd: int = 64, n_head: int = 2, **kw: Any) -> torch.nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(
+            "gpt2",
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            vocab_size=128,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="eager",
+            **kw,
+        )
+        return AutoModelForCausalLM.from_config(cfg)
+
+    return build
+
+
+@pytest.fixture
+def tiny_llama() -> Callable[..., torch.nn.Module]:
+    """Builds a random-weight Llama (2 layers, width 64 by default) from a config."""
+
+    def build(layers: int = 2, hidden: int = 64, **kw: Any) -> torch.nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(
+            "llama",
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=128,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+            attn_implementation="eager",
+            **kw,
+        )
+        return AutoModelForCausalLM.from_config(cfg)
+
+    return build

@@ -1,0 +1,255 @@
+"""Tests of compile_cache.artifacts: fast unit tests, plus one real Inductor end-to-end test.
+
+The end-to-end test compiles a tiny MLP in process A (fresh, empty cache dirs), captures the
+files the compile added, restores them in process B (other fresh, empty dirs) and checks that B's
+compile is a full local-cache hit with no new ``.so`` built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from compile_cache import UnsafePathError, artifacts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dirs(tmp_path: Path) -> dict[str, Path]:
+    d = {"inductor": tmp_path / "ind", "triton": tmp_path / "tri"}
+    for p in d.values():
+        p.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---------------------------------------------------------------------------- restore safety
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "inductor/../x",
+        "../x",
+        "/abs/path",
+        "inductor//x",
+        "inductor/./x",
+        "inductor/",
+        "inductor",
+        "",
+        "inductor/a\\..\\b",
+        "inductor/a\x00b",
+        "nolabel/x",
+    ],
+)
+def test_restore_rejects_unsafe_names(tmp_path: Path, name: str) -> None:
+    dirs = _dirs(tmp_path)
+    members = {"inductor/ok/first": b"x", name: b"bad"}
+    with pytest.raises(UnsafePathError) as exc:
+        artifacts.restore(members, dirs=dirs)
+    assert repr(name)[1:-1][:8] in str(exc.value) or name == ""
+    # nothing written, not even the good member that came first
+    assert not any(p.is_file() for d in dirs.values() for p in d.rglob("*"))
+
+
+def test_restore_rejects_symlinked_parent(tmp_path: Path) -> None:
+    dirs = _dirs(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (dirs["inductor"] / "ln").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match="ln/x"):
+        artifacts.restore({"inductor/ok": b"1", "inductor/ln/x": b"evil"}, dirs=dirs)
+    assert not (outside / "x").exists()
+    assert not (dirs["inductor"] / "ok").exists()
+
+
+def test_restore_rejects_symlinked_file(tmp_path: Path) -> None:
+    dirs = _dirs(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (dirs["inductor"] / "f").symlink_to(victim)
+    with pytest.raises(UnsafePathError):
+        artifacts.restore({"inductor/f": b"evil"}, dirs=dirs)
+    assert victim.read_bytes() == b"keep"
+
+
+def test_restore_writes_idempotent_and_modes(tmp_path: Path) -> None:
+    dirs = _dirs(tmp_path)
+    members = {
+        "inductor/ab/cab.main.so": b"\x7fELF...",
+        "inductor/fxgraph/x/fkey/entry": b"entry",
+        "triton/0/kern/k.json": b"{}",
+        artifacts.MEGACACHE_MEMBER: b"blob",
+    }
+    r1 = artifacts.restore(members, dirs=dirs)
+    assert sorted(r1.written) == sorted(k for k in members if not k.startswith("megacache/"))
+    assert r1.skipped == [artifacts.MEGACACHE_MEMBER]
+    so = dirs["inductor"] / "ab" / "cab.main.so"
+    assert so.read_bytes() == b"\x7fELF..."
+    assert so.stat().st_mode & 0o100, "shared libraries are restored executable"
+    assert not (dirs["inductor"] / "fxgraph/x/fkey/entry").stat().st_mode & 0o111
+    assert (dirs["triton"] / "0/kern/k.json").read_bytes() == b"{}"
+    mtime = so.stat().st_mtime_ns
+    r2 = artifacts.restore(members, dirs=dirs)
+    assert r2.written == [] and len(r2.present) == 3 and r2.bytes_written == 0
+    assert so.stat().st_mtime_ns == mtime
+    # a changed file is replaced; no temporaries are left behind
+    r3 = artifacts.restore({"inductor/fxgraph/x/fkey/entry": b"new"}, dirs=dirs)
+    assert r3.written == ["inductor/fxgraph/x/fkey/entry"]
+    assert not [p for p in dirs["inductor"].rglob("*.tmp")]
+    # explicit modes override the rule
+    artifacts.restore({"inductor/tool": b"#!"}, modes={"inductor/tool": 0o4755}, dirs=dirs)
+    mode = (dirs["inductor"] / "tool").stat().st_mode
+    assert mode & 0o100 and not mode & 0o4000, "setuid bits are never restored"
+
+
+def test_validate_member() -> None:
+    assert artifacts.validate_member("inductor/a/b.so") == (
+        "inductor",
+        artifacts.PurePosixPath("a/b.so"),
+    )
+
+
+# ---------------------------------------------------------------------------- capture
+
+
+def test_capture_collects_only_new_or_changed(tmp_path: Path) -> None:
+    dirs = _dirs(tmp_path)
+    ind = dirs["inductor"]
+    (ind / "old").write_bytes(b"old")
+    (ind / "same").write_bytes(b"same")
+    cap = artifacts.Capture(dirs)
+    (ind / "old").write_bytes(b"changed, longer")
+    (ind / "ab").mkdir()
+    (ind / "ab" / "cab.so").write_bytes(b"so")
+    (ind / "ab" / "cab.cpp").write_bytes(b"src")  # build input: not carried
+    (ind / "ab" / "cab.o").write_bytes(b"obj")
+    (ind / "locks").mkdir()
+    (ind / "locks" / "k.lock").write_bytes(b"")
+    (ind / "x.lock").write_bytes(b"")
+    (ind / ".123.456.tmp").write_bytes(b"partial")
+    (ind / "tmpabc").write_bytes(b"tmp")
+    (ind / "link").symlink_to(ind / "same")
+    (dirs["triton"] / "0").mkdir()
+    (dirs["triton"] / "0" / "k.cubin").write_bytes(b"cubin")
+    members = cap.collect()
+    assert members == {
+        "inductor/old": b"changed, longer",
+        "inductor/ab/cab.so": b"so",
+        "triton/0/k.cubin": b"cubin",
+    }
+
+
+def test_capture_nested_triton_dir_counted_once(tmp_path: Path) -> None:
+    ind = tmp_path / "ind"
+    dirs = {"inductor": ind, "triton": ind / "triton"}
+    (ind / "triton" / "0").mkdir(parents=True)
+    cap = artifacts.Capture(dirs)
+    (ind / "triton" / "0" / "k.json").write_bytes(b"{}")
+    assert cap.collect() == {"inductor/triton/0/k.json": b"{}"}
+
+
+def test_local_cache_dirs_honours_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "i"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "t"))
+    d = artifacts.local_cache_dirs()
+    assert d == {"inductor": tmp_path / "i", "triton": tmp_path / "t"}
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    assert artifacts.local_cache_dirs()["triton"] == tmp_path / "i" / "triton"
+
+
+def test_counters_diff() -> None:
+    a = artifacts.CompileCounters(fxgraph_hit=1, fxgraph_miss=2)
+    b = artifacts.CompileCounters(fxgraph_hit=3, fxgraph_miss=2, autograd_hit=1)
+    d = b.diff(a)
+    assert d.fxgraph_hit == 2 and d.fxgraph_miss == 0 and d.hit
+    assert not a.diff(a).hit
+    assert isinstance(artifacts.CompileCounters.snapshot(), artifacts.CompileCounters)
+
+
+# ---------------------------------------------------------------------------- end to end
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, pickle, sys
+    import torch
+    from compile_cache import artifacts
+
+    mode, pack = sys.argv[1], sys.argv[2]
+    if mode == "restore":
+        with open(pack, "rb") as f:
+            members = pickle.load(f)
+        restored = artifacts.restore(members)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)
+    ).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = model(x)
+    cap = artifacts.Capture()
+    before = artifacts.CompileCounters.snapshot()
+    with torch.no_grad():
+        out = torch.compile(model)(x)
+    counts = artifacts.CompileCounters.snapshot().diff(before)
+    torch.testing.assert_close(out, ref)
+    added = cap.collect()
+    if mode == "capture":
+        with open(pack, "wb") as f:
+            pickle.dump(added, f)
+    print("RESULT " + json.dumps({
+        "counters": counts.as_dict(),
+        "added": sorted(added),
+        "written": len(restored.written) if mode == "restore" else 0,
+    }))
+    """
+)
+
+
+def _run(tmp: Path, mode: str, pack: Path) -> dict:
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
+    env["TRITON_CACHE_DIR"] = str(tmp / "triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, mode, str(pack)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.fixture(scope="session")
+def round_trip(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
+    base = tmp_path_factory.mktemp("e2e")
+    pack = base / "pack.pkl"
+    a = _run(base / "a", "capture", pack)
+    b = _run(base / "b", "restore", pack)
+    with open(pack, "rb") as f:
+        members = pickle.load(f)
+    return a, b, members
+
+
+@pytest.mark.inductor
+def test_restore_gives_full_hit_on_fresh_dir(round_trip: tuple[dict, dict, dict]) -> None:
+    a, b, members = round_trip
+    assert a["counters"]["fxgraph_miss"] >= 1
+    assert any(k.startswith("inductor/fxgraph/") for k in members)
+    assert any(k.endswith(".so") for k in members)
+    assert not any(k.endswith((".lock", ".cpp", ".o", ".tmp")) for k in members)
+    assert b["written"] == len(members)
+    assert b["counters"]["fxgraph_miss"] == 0
+    assert b["counters"]["fxgraph_hit"] >= 1
+    # nothing rebuilt: process B added no shared library (g++ never ran)
+    assert not [k for k in b["added"] if k.endswith(".so")], b["added"]
