@@ -1,0 +1,223 @@
+"""compile_regions with a store: a fresh process on a "new node" restores instead of compiling.
+
+The real Inductor runs happen in child processes (tests/_cache_child.py), each with its own empty
+TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, as on a new node; they share one store. The fault
+cases (corrupt, truncated, unsafe pack, read-only store) run in this process with the eager
+backend: what is checked there is the store path, not Inductor's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import compile_cache
+from compile_cache import cache, store as store_module
+from compile_cache.demo import TinyTransformer
+from compile_cache.store import Store
+
+CHILD = Path(__file__).with_name("_cache_child.py")
+
+
+def _start(tmp: Path, store: Path, *args: str) -> dict:
+    """One job start in a fresh process with new, empty local cache dirs."""
+    local = Path(os.path.realpath(tmp)) / f"node-{len(list(tmp.glob('node-*')))}"
+    env = dict(
+        os.environ,
+        TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"),
+        TRITON_CACHE_DIR=str(local / "triton"),
+    )
+    env.pop("COMPILE_CACHE_PRECOMPILE", None)
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(store), *args],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def new_node(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A cold start that publishes, then a start on a new node with the same store."""
+    tmp = tmp_path_factory.mktemp("new_node")
+    store = tmp / "store"
+    cold = _start(tmp, store, "2", "64", "float32")
+    warm = _start(tmp, store, "2", "64", "float32")
+    changed = _start(tmp, store, "2", "32", "float32")
+    return {"store": store, "cold": cold, "warm": warm, "changed": changed, "tmp": tmp}
+
+
+def test_cold_start_compiles_and_publishes(new_node: dict) -> None:
+    cold = new_node["cold"]
+    assert cold["fxgraph_miss"] >= 1
+    assert cold["report"]["restored_packs"] == 0
+    assert cold["report"]["published_packs"] == 1
+    assert cold["max_diff"] < 1e-4
+    assert Store(new_node["store"]).stats()["misses"] >= 1
+
+
+def test_new_node_restores_with_zero_fx_graph_misses(new_node: dict) -> None:
+    warm = new_node["warm"]
+    assert warm["fxgraph_miss"] == 0
+    assert warm["fxgraph_hit"] >= 1
+    assert warm["report"]["restored_packs"] == 1
+    assert warm["report"]["hit"] is True
+    assert warm["report"]["published_packs"] == 0
+    assert warm["eager_calls"] == 0
+    assert warm["max_diff"] < 1e-4
+
+
+def test_changed_shape_is_a_miss_and_compiles_correctly(new_node: dict) -> None:
+    changed = new_node["changed"]
+    assert changed["report"]["key"] != new_node["cold"]["report"]["key"]
+    assert changed["report"]["restored_packs"] == 0
+    assert changed["fxgraph_miss"] >= 1
+    assert changed["max_diff"] < 1e-4
+    assert len(Store(new_node["store"]).entries()) == 2
+
+
+def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> None:
+    tmp, store = new_node["tmp"], new_node["tmp"] / "store-precompile"
+    cold = _start(tmp, store, "2", "64", "float32", "precompile")
+    warm = _start(tmp, store, "2", "64", "float32", "precompile")
+    assert cold["report"]["published_packs"] == 1
+    assert warm["report"]["restored_packs"] == 1
+    assert warm["fxgraph_miss"] == 0
+    assert warm["max_diff"] < 1e-4
+    assert warm["eager_calls"] == 0
+
+
+def _model(width: int = 32, dtype: torch.dtype = torch.float32) -> TinyTransformer:
+    torch.manual_seed(0)
+    return TinyTransformer(layers=2, width=width, heads=2, vocab=64).eval().to(dtype)
+
+
+def test_key_changes_with_shape_dtype_and_compile_kwargs() -> None:
+    def key(model: TinyTransformer, **kwargs: object) -> str:
+        return cache.entry_key(model, compile_cache.plan_regions(model), kwargs, False)
+
+    base = key(_model())
+    assert key(_model()) == base
+    assert key(_model(width=16)) != base
+    assert key(_model(dtype=torch.float64)) != base
+    assert key(_model(), mode="max-autotune") != base
+    assert key(_model(), dynamic=True) != base
+    assert cache.entry_key(_model(), compile_cache.plan_regions(_model()), {}, True) != base
+
+
+def _planted(store_dir: Path, model: TinyTransformer, members: dict[str, bytes]) -> tuple[Store, str]:
+    """A store holding one pack under the key compile_regions(model, backend="eager") will use."""
+    store = Store(store_dir)
+    key = cache.entry_key(model, compile_cache.plan_regions(model), {"backend": "eager"}, False)
+    assert store.publish(key, members) is not None
+    return store, key
+
+
+def _run_job(model: TinyTransformer, store_dir: Path) -> torch.Tensor:
+    tokens = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        expected = model(tokens)
+        compile_cache.compile_regions(model, cache_dir=store_dir, backend="eager")
+        got = model(tokens)
+    torch.testing.assert_close(got, expected)
+    return got
+
+
+def _only_pack(store: Store, key: str) -> Path:
+    (info,) = store.entry(key).packs
+    return Path(info.path)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_pack_is_a_counted_miss_and_the_job_runs(
+    tmp_path: Path, damage: str, dynamo_reset: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = _model()
+    store, key = _planted(tmp_path / "store", model, {"inductor/x/entry": b"payload" * 100})
+    pack = _only_pack(store, key)
+    data = bytearray(pack.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+    else:
+        data = data[: len(data) // 2]
+    pack.write_bytes(bytes(data))
+
+    _run_job(model, tmp_path / "store")
+
+    report = compile_cache.last_report()
+    assert report.restored_packs == 0
+    assert not (tmp_path / "inductor" / "x" / "entry").exists()
+    stats = Store(tmp_path / "store").stats()
+    assert stats["corrupt"] == 1
+    assert stats["quarantined"] == 1
+    assert not pack.exists()
+
+
+def test_pack_with_parent_path_is_rejected_before_any_write(
+    tmp_path: Path, dynamo_reset: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "node" / "inductor"))
+    model = _model()
+    store, key = _planted(tmp_path / "store", model, {"inductor/ok": b"fine"})
+    # Craft a pack the publisher would refuse: a member that climbs out of the Inductor dir.
+    monkeypatch.setattr(store_module, "check_member_name", lambda name: name)
+    name, chunks, _ = store_module.encode_pack(key, {"inductor/../x": b"evil", "inductor/ok": b"a"})
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "node" / "inductor"))
+    _only_pack(store, key).parent.joinpath(f"{name}.pack").write_bytes(b"".join(bytes(c) for c in chunks))
+
+    _run_job(model, tmp_path / "store")
+
+    assert not (tmp_path / "node" / "x").exists()
+    assert compile_cache.last_report().restored_packs == 1  # the honest pack still restores
+    assert Store(tmp_path / "store").stats()["corrupt"] == 1
+
+
+def test_read_only_store_restores_and_warns_once(
+    tmp_path: Path, dynamo_reset: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = _model()
+    _planted(tmp_path / "store", model, {"inductor/restored/file": b"data"})
+    monkeypatch.setenv("COMPILE_CACHE_READ_ONLY", "1")
+    _run_job(model, tmp_path / "store")
+    assert compile_cache.last_report().restored_packs == 1
+    assert (tmp_path / "inductor" / "restored" / "file").read_bytes() == b"data"
+    read_only = Store(tmp_path / "store")
+    assert read_only.read_only
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_only.publish("ab" * 16, {"inductor/a": b"1"}) is None
+        assert read_only.publish("cd" * 16, {"inductor/b": b"2"}) is None
+    assert len([w for w in caught if "read-only" in str(w.message)]) == 1
+
+
+def test_cache_dir_false_uses_no_store(tmp_path: Path, dynamo_reset: None) -> None:
+    model = _model()
+    before = compile_cache.last_report()
+    compile_cache.compile_regions(model, cache_dir=False, backend="eager")
+    assert compile_cache.last_report() is before
+
+
+def test_bad_precompile_env_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", "maybe")
+    with pytest.raises(compile_cache.ConfigError, match="maybe"):
+        cache.precompile_requested(None)
+
+
+def test_unsafe_store_is_refused(tmp_path: Path, dynamo_reset: None) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(compile_cache.UnsafeStoreError, match="chmod"):
+        compile_cache.compile_regions(_model(), cache_dir=shared, backend="eager")
+    shutil.rmtree(shared)
