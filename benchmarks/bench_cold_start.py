@@ -1,7 +1,9 @@
 """Time to first output of a fresh process: cold, torch's caches, and compile_cache on a new node.
 
 GPT-2 from transformers (random weights), CPU, batch 1 x 128, ``torch.no_grad()``,
-``use_cache=False``. Every scenario runs in its own fresh process; "new node" means a new, empty
+``use_cache=False`` by default; ``--arch llama`` builds a Llama with Llama-3.2-1B's proportions
+(``16x2048`` is Llama-3.2-1B's shape: 32 heads, 8 KV heads, intermediate 8192, vocab 128256),
+``--device cuda --dtype bfloat16`` runs it on a GPU (timers stop after ``torch.cuda.synchronize()``). Every scenario runs in its own fresh process; "new node" means a new, empty
 TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR.
 
   cold              empty local dirs, nothing else
@@ -13,11 +15,14 @@ TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR.
 
 Compile strategies: ``full`` (torch.compile(model)), ``accelerate`` (accelerate's
 compile_regions) and ``regional`` (compile_cache.compile_regions, store off for the torch
-scenarios). TTFO is from the compile call to the end of the first forward; ``process`` is the
+scenarios); ``eager`` (opt-in) times the first uncompiled call, one process. The compile_cache
+scenarios run whatever ``--strategies`` says (``--no-precompile`` drops the precompile pair). TTFO is from the compile call to the end of the first forward; ``process`` is the
 whole process, imports included.
 
     python benchmarks/bench_cold_start.py                       # 4x256 and 12x768, ~12 min
     python benchmarks/bench_cold_start.py --models 2x64 --seq 16 # smoke test
+    python benchmarks/bench_cold_start.py --arch llama --models 16x2048 --device cuda \
+        --dtype bfloat16 --strategies eager,regional,full --json       # Llama-3.2-1B shape, GPU
 """
 
 from __future__ import annotations
@@ -31,23 +36,30 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import build_gpt2, machine, run_child  # noqa: E402
+from _common import build_model, machine, parse_model_spec, run_child, synchronize  # noqa: E402
 
 TORCH_SCENARIOS = ("cold", "torch warm", "megacache node")
+STRATEGIES = ("eager", "full", "accelerate", "regional")
 
 
 def _child(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     import torch
 
-    model, tokens = build_gpt2(args.layers, args.width, args.heads, args.seq)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
+    model, tokens = build_model(args.arch, args.layers, args.width, args.seq, heads=args.heads,
+                                device=args.device, dtype=args.dtype)
     if args.load_megacache:
         with open(args.load_megacache, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
+    synchronize(args.device)
     setup_s = time.perf_counter() - started
     with torch.no_grad():
         t0 = time.perf_counter()
-        if args.strategy == "full":
+        if args.strategy == "eager":
+            pass
+        elif args.strategy == "full":
             model = torch.compile(model)
         elif args.strategy == "accelerate":
             from accelerate.utils import compile_regions as accelerate_compile_regions
@@ -59,6 +71,7 @@ def _child(args: argparse.Namespace) -> dict:
             store = args.store or False
             compile_cache.compile_regions(model, cache_dir=store, precompile=args.precompile)
         model(tokens, use_cache=False)
+        synchronize(args.device)
         ttfo = time.perf_counter() - t0
     if args.save_megacache:
         saved = torch.compiler.save_cache_artifacts()
@@ -76,7 +89,7 @@ def _child(args: argparse.Namespace) -> dict:
 
 
 def _scenario(args: argparse.Namespace, model: str, strategy: str, local: str, **extra: str) -> dict:
-    layers, width = (int(v) for v in model.split("x"))
+    layers, width = parse_model_spec(model)
     heads = max(1, width // 64)
     env = dict(
         os.environ,
@@ -86,10 +99,11 @@ def _scenario(args: argparse.Namespace, model: str, strategy: str, local: str, *
     argv = [
         os.path.abspath(__file__), "--child", "--strategy", strategy, "--layers", str(layers),
         "--width", str(width), "--heads", str(heads), "--seq", str(args.seq),
+        "--arch", args.arch, "--device", args.device, "--dtype", args.dtype,
     ]
     for flag, value in extra.items():
         argv += [f"--{flag.replace('_', '-')}"] + ([] if value == "" else [value])
-    return run_child(argv, env)
+    return run_child(argv, env, timeout=args.timeout)
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -98,6 +112,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     def record(model: str, strategy: str, scenario: str, result: dict) -> None:
         row = {"model": model, "strategy": strategy, "scenario": scenario, **result}
         rows.append(row)
+        if args.json_out:  # partial results survive a run cut short by a time limit
+            _write_json(args.json_out, {**_header(args), "rows": rows, "ratios": ratios(rows),
+                                        "partial": True})
         print(
             f"  {model:>7} {strategy:<10} {scenario:<16} ttfo {row['ttfo_s']:6.2f} s  "
             f"process {row['process_s']:6.2f} s  fx miss/hit {row['fxgraph_miss']}/{row['fxgraph_hit']}",
@@ -106,7 +123,10 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="bench_cold_start_") as tmp:
         for model in args.models:
-            for strategy in args.strategies:
+            if "eager" in args.strategies:
+                record(model, "eager", "first call",
+                       _scenario(args, model, "eager", os.path.join(tmp, f"{model}-eager")))
+            for strategy in (s for s in args.strategies if s != "eager"):
                 node_a = os.path.join(tmp, f"{model}-{strategy}-a")
                 blob = os.path.join(tmp, f"{model}-{strategy}.megacache")
                 record(model, strategy, "cold", _scenario(args, model, strategy, node_a, save_megacache=blob))
@@ -114,7 +134,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 node_b = os.path.join(tmp, f"{model}-{strategy}-b")
                 record(model, strategy, "megacache node",
                        _scenario(args, model, strategy, node_b, load_megacache=blob))
-            for precompile in (False, True):
+            for precompile in (False,) if args.no_precompile else (False, True):
                 label = "cc precompile" if precompile else "cc node"
                 store = os.path.join(tmp, f"{model}-store-{int(precompile)}")
                 extra = {"store": store, **({"precompile": ""} if precompile else {})}
@@ -127,6 +147,25 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _header(args: argparse.Namespace) -> dict:
+    import torch
+
+    return {
+        "benchmark": "cold_start", "machine": args.machine, "seq": args.seq, "arch": args.arch,
+        "device": args.device, "dtype": args.dtype, "models": args.models,
+        "strategies": args.strategies, "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"), "command": args.command,
+    }
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """The goal ratios per model: compile_cache's new node against torch's warm and cold."""
     out = []
@@ -136,12 +175,14 @@ def ratios(rows: list[dict]) -> list[dict]:
         pre = pick.get(("regional", "cc precompile"))
         for strategy in ("regional", "full"):
             warm, cold = pick.get((strategy, "torch warm")), pick.get((strategy, "cold"))
+            mega = pick.get((strategy, "megacache node"))
             if not (node and warm and cold):
                 continue
             out.append({
                 "model": model, "against": strategy,
                 "node_vs_warm": node / warm, "node_vs_cold": node / cold,
                 "precompile_vs_warm": (pre / warm) if pre else None,
+                "node_vs_megacache": (node / mega) if mega else None,
             })
     return out
 
@@ -150,8 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=lambda s: s.split(","), default=["4x256", "12x768"],
                         help="comma-separated LAYERSxWIDTH list (default 4x256,12x768)")
-    parser.add_argument("--strategies", type=lambda s: s.split(","),
-                        default=["full", "accelerate", "regional"])
+    parser.add_argument("--strategies", type=lambda s: [v for v in s.split(",") if v],
+                        default=["full", "accelerate", "regional"],
+                        help="comma-separated, from eager,full,accelerate,regional "
+                             "(default full,accelerate,regional; the compile_cache scenarios "
+                             "always run)")
+    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2",
+                        help="gpt2 (heads = width/64) or llama (Llama-3.2-1B proportions: "
+                             "heads = width/64, KV heads = heads/4, intermediate = 4*width)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--no-precompile", action="store_true",
+                        help="skip the compile_cache precompile scenarios (saves two processes)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds allowed per scenario process (default 1800)")
+    parser.add_argument("--json-out", metavar="PATH",
+                        help="also write the JSON to PATH, rewritten after every scenario "
+                             "(with \"partial\": true until the run completes)")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -167,12 +223,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(args)))
         return 0
+    unknown = sorted(set(args.strategies) - set(STRATEGIES))
+    if unknown:
+        parser.error(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device}: choose cpu or cuda")
+    for spec in args.models:
+        try:
+            parse_model_spec(spec)
+        except ValueError as exc:
+            parser.error(str(exc))
 
-    print(f"bench_cold_start: {machine()}, batch 1 x {args.seq}", file=sys.stderr)
+    args.machine = machine()
+    args.command = "python benchmarks/bench_cold_start.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    print(f"bench_cold_start: {args.machine}, {args.arch} on {args.device} in {args.dtype}, "
+          f"batch 1 x {args.seq}", file=sys.stderr)
     rows = run(args)
     summary = ratios(rows)
+    result = {**_header(args), "rows": rows, "ratios": summary}
+    if args.json_out:
+        _write_json(args.json_out, result)
     if args.json:
-        print(json.dumps({"machine": machine(), "seq": args.seq, "rows": rows, "ratios": summary}, indent=1))
+        print(json.dumps(result, indent=1))
         return 0
     print(f"\n{'model':>7} {'strategy':<10} {'scenario':<22} {'TTFO s':>7} {'process s':>9}")
     for r in rows:

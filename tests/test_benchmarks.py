@@ -1,0 +1,192 @@
+"""The benchmark pipeline without running a benchmark: charts and RESULTS.md from canned JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCH)
+
+pytest.importorskip("matplotlib")
+
+import run_all  # noqa: E402
+
+MACHINE = "x86_64, 2 cores, Python 3.11.7, torch 2.13.0+cpu, 2 threads"
+
+
+def _cold_rows(models: list[str], base: float) -> list[dict]:
+    rows = []
+    for i, model in enumerate(models):
+        scale = base * (1 + i)
+        rows.append({"model": model, "strategy": "eager", "scenario": "first call",
+                     "ttfo_s": 0.2 * scale, "process_s": 6.0, "fxgraph_miss": 0, "fxgraph_hit": 0})
+        for strategy, cold in (("full", 32.0), ("accelerate", 26.0), ("regional", 20.0)):
+            for scenario, factor in (("cold", 1.0), ("torch warm", 0.2), ("megacache node", 0.9)):
+                rows.append({"model": model, "strategy": strategy, "scenario": scenario,
+                             "ttfo_s": cold * factor * scale / base, "process_s": 40.0,
+                             "fxgraph_miss": 3, "fxgraph_hit": 0})
+        for scenario, value in (("cc publish", 21.0), ("cc node", 3.1),
+                                ("cc precompile publish", 22.0), ("cc precompile", 1.9)):
+            rows.append({"model": model, "strategy": "regional", "scenario": scenario,
+                         "ttfo_s": value * scale / base, "process_s": 9.0,
+                         "fxgraph_miss": 0, "fxgraph_hit": 3})
+    return rows
+
+
+COLD = {
+    "benchmark": "cold_start", "machine": MACHINE, "seq": 128, "arch": "gpt2", "device": "cpu",
+    "dtype": "float32", "models": ["4x256", "12x768"], "torch": "2.13.0+cpu",
+    "rows": _cold_rows(["4x256", "12x768"], 1.0),
+    "ratios": [{"model": "4x256", "against": "regional", "node_vs_warm": 0.78,
+                "node_vs_cold": 0.16, "precompile_vs_warm": 0.48, "node_vs_megacache": 0.2}],
+    "run": {"command": "python benchmarks/bench_cold_start.py --json", "machine": MACHINE,
+            "torch": "2.13.0+cpu", "date": "2025-01-01", "wall_s": 700.0, "smoke": False},
+}
+GPU = {**COLD, "arch": "llama", "device": "cuda", "dtype": "bfloat16", "models": ["16x2048"],
+       "rows": [r for r in _cold_rows(["16x2048"], 1.0)
+                if r["scenario"] not in ("cc precompile", "cc precompile publish")],
+       "ratios": [], "run": {}, "command": "bash benchmarks/gpu_check.sh", "date": "2025-01-02"}
+FINGERPRINT = {
+    "benchmark": "fingerprint", "api_backend": "native", "repeats": 50, "torch": "2.13.0",
+    "rows": [
+        {"model": m, "modules": t + 30, "tensors": t, "python_ms": t * 0.015, "native_ms": t * 0.001,
+         "api_ms": t * 0.0015, "python_us_per_tensor": 15.0, "native_us_per_tensor": 1.0,
+         "speedup": 15.0}
+        for m, t in (("gpt2-small", 148), ("llama3-70b-shape/8L", 77), ("llama3-70b-shape/20L", 185),
+                     ("llama3-70b-shape/40L", 365), ("llama3-70b-shape/80L", 725))
+    ],
+}
+REGIONS = {
+    "config": {"layers": 6, "width": 384, "heads": 6, "seq": 128, "iters": 30, "warmup": 3},
+    "results": [
+        {"variant": "eager", "ttfo_s": 0.1, "steady_ms": 20.0, "unique_graphs": 0},
+        {"variant": "full", "ttfo_s": 30.0, "steady_ms": 18.0, "unique_graphs": 1,
+         "ttfo_vs_full": 1.0, "steady_vs_full": 1.0},
+        {"variant": "ours", "error": ["Traceback", "RuntimeError: boom"]},
+    ],
+}
+RANKS = {
+    "benchmark": "ranks", "layers": 4, "width": 256,
+    "rows": [
+        {"ranks": n, "compile_cache": cc, "total_compile_cpu_s": (8.0 if cc else 30.0) * n,
+         "slowest_ttfo_s": 9.0 if cc else 35.0 + n}
+        for n in (2, 4) for cc in (False, True)
+    ],
+}
+
+RANKS_REAL = {  # bench_ranks.py's own layout
+    "config": {"layers": 4, "width": 256, "heads": 4, "seq": 128, "threads": 1},
+    "uncached": {"ranks": [{"rank": i, "role": "compiled", "cpu_s": 30.0, "ttfo_s": 33.0,
+                            "waited_s": 0.0, "counters": {"fxgraph_miss": 3, "fxgraph_hit": 0}}
+                           for i in (0, 1)], "total_cpu_s": 60.0, "slowest_ttfo_s": 33.0},
+    "cached": {"ranks": [{"rank": 0, "role": "leader", "cpu_s": 30.0, "ttfo_s": 33.0,
+                          "waited_s": 0.0, "counters": {"fxgraph_miss": 3, "fxgraph_hit": 0}},
+                         {"rank": 1, "role": "follower", "cpu_s": 4.0, "ttfo_s": 34.0,
+                          "waited_s": 28.0, "counters": {"fxgraph_miss": 0, "fxgraph_hit": 3}}],
+               "total_cpu_s": 34.0, "slowest_ttfo_s": 34.0},
+    "cpu_ratio": 34 / 60, "ttfo_ratio": 34 / 33, "goal_cpu": True, "goal_ttfo": False,
+}
+
+
+def test_ranks_real_layout(tmp_path):
+    (tmp_path / "ranks.json").write_text(json.dumps(RANKS_REAL))
+    md = tmp_path / "RESULTS.md"
+    assert run_all.main(["--from-json", str(tmp_path), "--results-md", str(md), "--charts-dir",
+                         str(tmp_path / "charts")]) == 0
+    text = md.read_text()
+    assert "| cached | 1 | follower | 4.0 | 34.0 | 28.0 | 0/3 |" in text
+    assert "0.57× (goal ≤ 0.6×: **met**)" in text and "(goal ≤ 1.0×: **not met**)" in text
+    assert (tmp_path / "charts" / "ranks.png").stat().st_size > 10_000
+
+
+OLD_RESULTS = """# Benchmark results
+
+Intro text stays.
+
+## Regional compilation
+
+Placeholder table that must go.
+
+## Reliability
+
+Hand-written: keep **verbatim**.
+```
+## not a heading inside a fence
+```
+
+## Fingerprint
+
+<!-- BEGIN generated -->
+old generated
+<!-- END generated -->
+A note below the marker that must stay.
+"""
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    root = tmp_path / "results"
+    (root / "gpu").mkdir(parents=True)
+    for name, data in (("cold_start", COLD), ("fingerprint", FINGERPRINT), ("regions", REGIONS),
+                       ("ranks", RANKS)):
+        (root / f"{name}.json").write_text(json.dumps(data))
+    (root / "gpu" / "cold_start.json").write_text(json.dumps(GPU))
+    return root
+
+
+def test_from_json_writes_sections_and_keeps_prose(results_dir, tmp_path):
+    md = tmp_path / "RESULTS.md"
+    md.write_text(OLD_RESULTS)
+    charts = tmp_path / "charts"
+    assert run_all.main(["--from-json", str(results_dir), "--results-md", str(md),
+                         "--charts-dir", str(charts)]) == 0
+    text = md.read_text()
+    assert text.startswith("# Benchmark results\n\nIntro text stays.")
+    assert "## Reliability\n\nHand-written: keep **verbatim**.\n```\n## not a heading inside a fence\n```\n" in text
+    assert "Placeholder table" not in text and "old generated" not in text
+    assert "A note below the marker that must stay." in text
+    for heading in ("## Regional compilation", "## Fingerprint", "## Cold start",
+                    "## Cold start (GPU)", "## Ranks"):
+        assert text.count(f"\n{heading}\n") == 1, heading
+    # New sections are placed in order, before the hand-written Reliability section.
+    assert text.index("## Cold start\n") < text.index("## Cold start (GPU)") < text.index("## Ranks")
+    assert text.index("## Ranks") < text.index("## Reliability")
+    assert "Command: `python benchmarks/bench_cold_start.py --json`" in text
+    assert "2025-01-01" in text and MACHINE in text
+    assert "RuntimeError: boom" in text  # a failed variant is shown, not dropped
+    assert "15.9" in text and "3.10 s / 4.00 s = **0.78×: not met**" in text  # GPU goal
+    for name in ("cold_start.png", "cold_start_gpu.png", "fingerprint.png", "ranks.png"):
+        assert (charts / name).stat().st_size > 10_000, name
+    # Regenerating is idempotent: the same JSON gives the same file.
+    run_all.main(["--from-json", str(results_dir), "--results-md", str(md), "--charts-dir",
+                  str(charts), "--no-charts"])
+    assert md.read_text() == text
+
+
+def test_only_rewrites_the_named_section(results_dir, tmp_path):
+    md = tmp_path / "RESULTS.md"
+    md.write_text(OLD_RESULTS)
+    assert run_all.main(["--from-json", str(results_dir), "--only", "cold_start_gpu",
+                         "--results-md", str(md), "--no-charts"]) == 0
+    text = md.read_text()
+    assert "Placeholder table that must go." in text and "old generated" in text
+    assert "## Cold start (GPU)" in text and "\n## Cold start\n" not in text
+
+
+def test_gpu_json_found_by_device(tmp_path):
+    (tmp_path / "cold_start.json").write_text(json.dumps(GPU))  # gpu_check.sh's $OUT layout
+    data = run_all.load_results(str(tmp_path))
+    assert list(data) == ["cold_start_gpu"]
+    node, warm, ratio = run_all.gpu_goal(data["cold_start_gpu"])
+    assert (node, warm) == (3.1, pytest.approx(4.0)) and ratio == pytest.approx(0.775)
+
+
+def test_missing_benchmark_script_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setitem(run_all.BENCHMARKS, "ranks", {**run_all.BENCHMARKS["ranks"],
+                                                      "script": "bench_does_not_exist.py"})
+    error = run_all.run_benchmark("ranks", True, str(tmp_path), 10)
+    assert error and "does not exist yet" in error
