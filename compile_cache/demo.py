@@ -1,12 +1,13 @@
 """`make demo`: a cold start, then a cached start on a "new node", on a small built-in model.
 
-Each start runs in a fresh process with its own empty Inductor cache dir (as a new node would
-have); both share one compile_cache store. The second start restores what the first compiled.
+Runs ``python -m compile_cache warm compile_cache.demo:demo_model --cache-dir STORE`` twice, each
+in a fresh process with its own empty Inductor cache dir (as a new node would have); both share
+one compile_cache store. The second run restores what the first compiled. Then ``ls`` shows the
+entry. ``demo_model`` is also a ``warm`` TARGET of its own.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -51,52 +52,49 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def _one_start(store: str) -> dict:
-    """Runs in a child process: compile the demo model with the store, time the first output."""
-    import compile_cache
-
+def demo_model() -> tuple[nn.Module, torch.Tensor]:
+    """``warm`` TARGET ``compile_cache.demo:demo_model``: the demo model and one batch of tokens."""
     torch.manual_seed(0)
-    model = TinyTransformer().eval()
-    tokens = torch.randint(0, 512, (1, 64))
+    return TinyTransformer().eval(), torch.randint(0, 512, (1, 64))
+
+
+def _run(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.perf_counter()
-    compile_cache.compile_regions(model, cache_dir=store)
-    with torch.no_grad():
-        model(tokens)
-    first_output = time.perf_counter() - start
-    report = compile_cache.last_report()
-    return {"seconds": first_output, "report": report.summary() if report else "no report"}
+    proc = subprocess.run([sys.executable, "-m", "compile_cache", *args], env=env,
+                          capture_output=True, text=True, check=False)
+    return proc, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--child", metavar="STORE", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(_one_start(args.child)))
-        return 0
-
+    """Cold warm, cached warm on a "new node", then ``ls``; prints times and their ratio."""
     with tempfile.TemporaryDirectory(prefix="compile_cache_demo_") as work:
         store = os.path.join(work, "store")
         print("compile_cache demo: TinyTransformer (4 blocks, width 128), CPU, batch 1 x 64")
         print(f"store: {store}\n")
-        results = []
-        for label in ("cold start (empty store, empty Inductor dir)",
-                      "cached start (new empty Inductor dir, same store)"):
+        runs = []
+        for label in ("cold start   (empty store, empty Inductor dir)    ",
+                      "cached start (same store, new empty Inductor dir)"):
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(dir=work),
                        TRITON_CACHE_DIR=tempfile.mkdtemp(dir=work))
-            child = subprocess.run(
-                [sys.executable, "-m", "compile_cache.demo", "--child", store],
-                env=env, capture_output=True, text=True, check=False,
-            )
-            if child.returncode != 0:
-                print(child.stdout + child.stderr, file=sys.stderr)
-                return child.returncode
-            result = json.loads(child.stdout.strip().splitlines()[-1])
-            results.append(result)
-            print(f"{label}: first output after {result['seconds']:.1f} s")
-            print(f"    {result['report']}")
-        cold, cached = results[0]["seconds"], results[1]["seconds"]
-        print(f"\ncached start / cold start = {cached / cold:.2f} ({cold / cached:.1f}x faster)")
+            proc, wall = _run(["warm", "compile_cache.demo:demo_model", "--cache-dir", store, "--json"], env)
+            if proc.returncode != 0:
+                print(proc.stdout + proc.stderr, file=sys.stderr)
+                return proc.returncode
+            result = json.loads(proc.stdout)
+            runs.append((wall, result["first_output_seconds"]))
+            verdict = "hit" if result["hit"] else f"{result['fxgraph_misses']} graph(s) compiled"
+            print(f"{label}: process {wall:5.1f} s, compile + first output {result['first_output_seconds']:5.1f} s"
+                  f"  [{verdict}, {result['restored_packs']} pack(s) restored, "
+                  f"{result['published_packs']} published]")
+        (cold_wall, cold_first), (warm_wall, warm_first) = runs
+        print(f"\ncached / cold: whole process {warm_wall / cold_wall:.2f} ({cold_wall / warm_wall:.1f}x faster), "
+              f"compile + first output {warm_first / cold_first:.2f} ({cold_first / warm_first:.1f}x faster)\n")
+        proc, _ = _run(["ls", "--cache-dir", store], dict(os.environ))
+        print(f"$ python -m compile_cache ls --cache-dir {store}")
+        print(proc.stdout.rstrip())
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return proc.returncode
     return 0
 
 
