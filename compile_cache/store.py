@@ -219,6 +219,19 @@ def _read_json_file(path: Path) -> tuple[dict[str, Any] | None, bool]:
     return (data, False) if isinstance(data, dict) else (None, True)
 
 
+def _key_list(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list of checked keys; a lone string (an easy slip for ``[key]``) is a TypeError."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be an iterable of cache keys, got {type(keys).__name__}: {keys!r}")
+    return [check_key(k) for k in keys]
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
+    return float(value)
+
+
 def _json_bytes(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
@@ -528,8 +541,8 @@ def _check_safe_dir(path: Path, group_mode: bool) -> None:
     """Refuse a directory other users could write into: their packs would run code here."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, PermissionError):
+        return  # absent, or not even searchable by us: nothing in it can be loaded here either
     mode = stat.S_IMODE(st.st_mode)
     euid = os.geteuid()
     fix = (
@@ -587,6 +600,12 @@ class Store:
         read_only: bool | None = None,
         signing_key: bytes | str | None = None,
     ) -> None:
+        if read_only is not None and not isinstance(read_only, bool):
+            raise TypeError(f"read_only must be a bool or None, got {type(read_only).__name__}: {read_only!r}")
+        if signing_key is not None and not isinstance(signing_key, (bytes, str)):
+            raise TypeError(
+                f"signing_key must be bytes, str or None, got {type(signing_key).__name__}"
+            )
         self.root, self.location_source = resolve_location(path)
         self.shared_group: bool = _shared_mode()
         self.dir_mode, self.file_mode = (0o2775, 0o664) if self.shared_group else (0o700, 0o600)
@@ -617,15 +636,18 @@ class Store:
             self.read_only_reason = "read_only=True"
         self.read_only: bool = bool(read_only)
 
-        if os.path.lexists(self.root) and not self.root.is_dir():
+        # os.path's checks, not Path's: an unsearchable parent must not raise PermissionError here.
+        if os.path.lexists(self.root) and not os.path.isdir(self.root):
             raise StoreError(f"compile cache location {self.root} exists and is not a directory")
-        if not self.root.exists() and not self.read_only:
+        if not os.path.exists(self.root) and not self.read_only:
             try:
                 self._mkdirs(self.root, anchor=None)
             except OSError as exc:
                 self._go_read_only(f"cannot create {self.root}: {exc.strerror or exc}")
         for directory in (self.root, self.base):
             _check_safe_dir(directory, self.shared_group)
+        if os.path.isdir(self.root) and not os.access(self.root, os.R_OK | os.X_OK):
+            self._go_read_only(f"{self.root} is not readable by this user")
         if not self.read_only:
             if not os.access(self.root, os.W_OK | os.X_OK) or (
                 self.base.exists() and not os.access(self.base, os.W_OK | os.X_OK)
@@ -656,8 +678,12 @@ class Store:
         missing = []
         probe = path
         while not probe.is_dir():
+            if probe == anchor:
+                # The store itself is gone (removed, or an unmounted network path): do not
+                # re-create it under the mount point; the caller counts an error instead.
+                raise FileNotFoundError(errno.ENOENT, "compile cache directory vanished", str(anchor))
             missing.append(probe)
-            if probe == anchor or probe.parent == probe:
+            if probe.parent == probe:
                 break
             probe = probe.parent
         for directory in reversed(missing):
@@ -697,11 +723,16 @@ class Store:
         except OSError:
             pass
 
-    def _pack_paths(self, key: str) -> list[Path]:
+    def _pack_paths(self, key: str, *, strict: bool = False) -> list[Path]:
+        """The pack files of ``key``; an unreadable directory raises with ``strict``, else is empty."""
         packs_dir = self._entry_dir(key) / "packs"
         try:
             names = os.listdir(packs_dir)
         except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError:
+            if strict:
+                raise
             return []
         return [packs_dir / n for n in sorted(names) if _PACK_RE.fullmatch(n)]
 
@@ -725,8 +756,8 @@ class Store:
     def _bump(self, **delta: Any) -> None:
         """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
         self._add_counts(self._pending, delta)
-        if self.read_only:
-            return
+        if self.read_only or not self.base.is_dir():
+            return  # kept in memory: a vanished store is not re-created just for counters
         n = self._shard()
         shard = self.stats_dir / f"shard-{n}.json"
         lock = FileLock(self.locks_dir / f"stats-{n}", mode=self.lock_mode, timeout=2.0,
@@ -856,6 +887,8 @@ class Store:
         May evict least-recently-used entries afterwards to stay under ``max_size``.
         """
         check_key(key)
+        if not isinstance(members, Mapping):
+            raise TypeError(f"members must be a mapping of name -> bytes, got {type(members).__name__}")
         for member_name, data in members.items():
             check_member_name(member_name)
             _as_bytes(member_name, data)
@@ -925,7 +958,13 @@ class Store:
         """
         check_key(key)
         packs: list[Pack] = []
-        for path in self._pack_paths(key):
+        try:
+            paths = self._pack_paths(key, strict=True)
+        except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
+            self._io_error("read", exc, self._entry_dir(key) / "packs")
+            return []
+        ours = _torch_version()
+        for path in paths:
             try:
                 data = _read_nofollow(path)
                 header, members = decode_pack(data, signing_key=self.signing_key, key=key)
@@ -940,6 +979,18 @@ class Store:
                 continue
             except OSError as exc:
                 self._io_error("read", exc, path)
+                continue
+            theirs = header.get("torch")
+            if isinstance(theirs, str) and "unknown" not in (theirs, ours) and theirs != ours:
+                # Keys include the environment, so this pack was put here by hand or by a bug;
+                # its artifacts were built for another torch. Set it aside so that a republish
+                # of the same content (same pack name) is not blocked by it.
+                moved = self._quarantine(path, key)
+                _warn_once(self.root, "foreign-torch",
+                           f"compile cache: pack {path} was written by torch {theirs}, this is "
+                           f"torch {ours}; treated as a miss and "
+                           + (f"moved to {moved}" if moved else "left in place (read-only store)"))
+                self._bump(incompatible=1)
                 continue
             info = PackInfo._from_header(key, path.stem, path, len(data), header,
                                          bool(_PREFIX.unpack_from(data)[2] & FLAG_SIGNED))
@@ -1068,7 +1119,7 @@ class Store:
         return self._evict(
             None if max_size is None else parse_size(max_size, name="max_size"),
             None if older_than is None else parse_age(older_than, name="older_than"),
-            None if keys is None else {check_key(k) for k in keys},
+            None if keys is None else set(_key_list(keys)),
             dry_run,
             protect=set(),
         )
@@ -1175,9 +1226,11 @@ class Store:
         quarantined and the rest removed (``fix`` raises :class:`StoreError` on a read-only store).
         Packs of another format version are listed but never touched.
         """
+        temp_age = _seconds("temp_age", temp_age)
+        lock_stale_after = _seconds("lock_stale_after", lock_stale_after)
         if fix:
             self._require_writable("fix the store")
-        report = VerifyReport(fixed=fix)
+        report = VerifyReport(fixed=bool(fix))
         now = time.time()
 
         def old(path: Path) -> bool:
@@ -1265,7 +1318,7 @@ class Store:
         ``.tar.gz``/``.tgz`` names are gzip-compressed. Corrupt packs are skipped (and
         quarantined). Returns the number of packs exported. Unknown ``keys`` raise StoreError.
         """
-        wanted = None if keys is None else [check_key(k) for k in keys]
+        wanted = None if keys is None else _key_list(keys)
         if wanted is not None:
             missing = [k for k in wanted if not self._entry_dir(k).is_dir()]
             if missing:

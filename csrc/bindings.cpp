@@ -2,6 +2,9 @@
 // compile_cache/fingerprint.py, which picks it as the fingerprint backend when it loads.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/version.h>
+
+#include <string>
 
 #include "fingerprint.h"
 
@@ -9,6 +12,11 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "compile_cache native backend: fingerprints of nn.Module trees (see _reference.py).";
+
+  // The torch this extension was compiled against: `doctor` compares it with the running one.
+  m.attr("torch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                            std::to_string(TORCH_VERSION_MINOR) + "." +
+                            std::to_string(TORCH_VERSION_PATCH);
 
   m.def("set_internal_attributes", &compile_cache::set_internal_attributes, py::arg("names"),
         "Sets the nn.Module bookkeeping attribute names that are never part of a digest.");

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import compile_cache
-from compile_cache import cache, store as store_module
+from compile_cache import cache
+from compile_cache import store as store_module
 from compile_cache.demo import TinyTransformer
 from compile_cache.store import Store
 

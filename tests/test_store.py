@@ -276,7 +276,8 @@ def test_symlinked_pack_is_refused(store: Store, tmp_path) -> None:
 def test_garbage_entry_json_and_stats_file_do_not_crash(store: Store) -> None:
     store.publish(K1, MEMBERS)
     (store._entry_dir(K1) / "entry.json").write_bytes(b"\x00not json{")
-    (store.stats_dir / "shard-3.json").write_text("[1, 2")
+    other_shard = (store._shard() + 1) % store_mod.STATS_SHARDS  # not the one this process writes
+    (store.stats_dir / f"shard-{other_shard}.json").write_text("[1, 2")
     assert store.load(K1)[0].members == MEMBERS
     assert store.entries()[0].metadata == {}
     stats = store.stats()

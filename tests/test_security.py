@@ -1,0 +1,180 @@
+"""Hostile input met by a real job: unsafe store permissions, crafted packs, planted symlinks,
+replayed packs and signing, end to end through compile_regions (byte-level checks of member
+names and archives are in test_paths.py / test_store.py / test_artifacts.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import warnings
+
+import pytest
+from _fault_helpers import FakeInductor, clean_env, pack_members, run_job, store_warnings
+
+import compile_cache.store as store_mod
+from compile_cache import UnsafeStoreError, artifacts
+from compile_cache.errors import CorruptPackError, UnsafePathError
+from compile_cache.store import Store, encode_pack
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    inductor = clean_env(monkeypatch, tmp_path)
+    return tmp_path, inductor, monkeypatch
+
+
+@pytest.mark.parametrize("where", ["root", "layout-dir", "symlinked-root"])
+def test_a_store_others_can_write_is_refused_by_the_job_with_a_fix(env, where) -> None:
+    tmp_path, _, monkeypatch = env
+    root = tmp_path / "store"
+    Store(root)
+    if where == "root":
+        root.chmod(0o777)
+    elif where == "layout-dir":
+        (root / "v1").chmod(0o757)
+    else:
+        root.chmod(0o777)
+        os.symlink(root, tmp_path / "link")
+        root = tmp_path / "link"
+    with pytest.raises(UnsafeStoreError, match="chmod") as info:
+        run_job(root)
+    assert "writable" in str(info.value)
+    monkeypatch.setenv("COMPILE_CACHE_SHARED", "group")  # group mode does not allow o+w either
+    with pytest.raises(UnsafeStoreError, match="world-writable"):
+        run_job(root)
+
+
+def _plant(store: Store, key: str, members: dict[str, bytes]) -> None:
+    """Write a pack with any member names, as an attacker with write access to the store would."""
+    real = store_mod.check_member_name
+    store_mod.check_member_name = lambda name: name
+    try:
+        name, chunks, _ = encode_pack(key, members)
+    finally:
+        store_mod.check_member_name = real
+    target = store._entry_dir(key) / "packs" / f"{name}.pack"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"".join(bytes(c) for c in chunks))
+
+
+@pytest.mark.parametrize(
+    "evil",
+    ["/tmp/evil.so", "inductor/../../evil.so", "inductor/a/../../../evil.so", "elsewhere/evil.so"],
+)
+def test_crafted_pack_never_writes_outside_the_local_dirs(env, evil) -> None:
+    tmp_path, inductor, _ = env
+    root = tmp_path / "store"
+    report, _ = run_job(root)
+    store = Store(root)
+    good = pack_members(store, report.key)
+    store.clear()
+    _plant(store, report.key, {**good, evil: b"\x7fELF evil"})
+    shutil.rmtree(inductor)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        again, backend = run_job(root)  # outputs == eager
+    assert again.restored_packs == 0 and again.restored_files == 0 and backend.misses >= 1
+    if evil.startswith("elsewhere/"):  # a valid pack, but restore knows only inductor/ and triton/
+        assert any("unknown label" in e for e in again.errors)
+    else:  # names that escape: the pack fails its checks on read and is set aside
+        assert Store(root).stats()["corrupt"] == 1 and Store(root).stats()["quarantined"] == 1
+    assert not list(tmp_path.rglob("evil.so")) and not os.path.exists("/tmp/evil.so")
+    # Rejected before any write: restore() checks every member before it writes the first one.
+    fresh = tmp_path / "fresh"
+    with pytest.raises(UnsafePathError):
+        artifacts.restore({**good, evil: b"x"}, dirs={"inductor": fresh / "i", "triton": fresh / "t"})
+    assert not fresh.exists()
+
+
+def test_symlink_planted_in_the_local_inductor_dir_is_not_followed(env) -> None:
+    tmp_path, inductor, _ = env
+    root = tmp_path / "store"
+    run_job(root)
+    shutil.rmtree(inductor)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (inductor / "fxgraph").mkdir(parents=True)
+    os.symlink(outside, inductor / "fxgraph" / "fake")  # the attacker's link, where restore writes
+    packed = {m.rsplit("/", 1)[1] for m in pack_members(Store(root), Store(root).entries()[0].key)}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        # (salt: this run's own compile writes other names, so only restore could write `packed`)
+        report, _ = run_job(root, FakeInductor(salt="other"))  # the job goes on; compiles
+    assert report.restored_packs == 0 and any("restore" in e for e in report.errors)
+    assert not packed & {p.name for p in outside.iterdir()}
+    assert any("link" in str(w.message) for w in record)
+    # And restore() alone: every member is checked before the first byte is written.
+    with pytest.raises(UnsafePathError, match="link"):
+        artifacts.restore({"inductor/aaa/first": b"1", "inductor/fxgraph/fake/x": b"2"})
+    assert not (inductor / "aaa").exists()
+
+
+def test_a_pack_replayed_under_another_key_is_rejected(env) -> None:
+    tmp_path, inductor, _ = env
+    root = tmp_path / "store"
+    report, _ = run_job(root)
+    store = Store(root)
+    victim = "ee" * 16
+    (pack,) = (store._entry_dir(report.key) / "packs").glob("*.pack")
+    (store._entry_dir(victim) / "packs").mkdir(parents=True)
+    shutil.copy(pack, store._entry_dir(victim) / "packs" / pack.name)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert store.load(victim) == []
+    assert "belongs to key" in store_warnings(record)[0] and store.stats()["corrupt"] == 1
+
+
+def test_signing_key_end_to_end(env) -> None:
+    tmp_path, inductor, monkeypatch = env
+    root = tmp_path / "store"
+    report, _ = run_job(root)  # an unsigned pack, e.g. from before signing was turned on
+    monkeypatch.setenv("COMPILE_CACHE_SIGNING_KEY", "k3y")
+    shutil.rmtree(inductor)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        unsigned, backend = run_job(root)
+    assert unsigned.restored_packs == 0 and backend.misses >= 1 and unsigned.published_packs == 1
+    assert any("unsigned" in m for m in store_warnings(record))
+    shutil.rmtree(inductor)
+    signed, backend = run_job(root)
+    assert signed.hit and backend.misses == 0  # the re-published, signed pack restores
+    (pack,) = (Store(root)._entry_dir(report.key) / "packs").glob("*.pack")
+    # Downgrade: clear the signed flag and zero the MAC (the checksum still matches): rejected.
+    data = bytearray(pack.read_bytes())
+    data[10:12] = b"\0\0"
+    data[52:84] = bytes(32)
+    pack.write_bytes(bytes(data))
+    shutil.rmtree(inductor)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        downgraded, backend = run_job(root)
+    assert downgraded.restored_packs == 0 and backend.misses >= 1
+    # An unsigned archive is refused before anything is written.
+    monkeypatch.delenv("COMPILE_CACHE_SIGNING_KEY")
+    plain = Store(tmp_path / "plain")
+    plain.publish("ab" * 16, {"inductor/x": b"1"})
+    plain.export(tmp_path / "a.tar")
+    target = Store(tmp_path / "signed-target", signing_key="k3y")
+    with pytest.raises(CorruptPackError, match="unsigned"):
+        target.import_archive(tmp_path / "a.tar")
+    assert target.entries() == []
+
+
+@pytest.mark.parametrize("kind", [tarfile.FIFOTYPE, tarfile.BLKTYPE, tarfile.CONTTYPE])
+def test_import_refuses_fifos_block_devices_and_odd_members(env, kind) -> None:
+    tmp_path, _, _ = env
+    src = Store(tmp_path / "src")
+    src.publish("ab" * 16, {"inductor/x": b"1"})
+    src.export(tmp_path / "good.tar")
+    with tarfile.open(tmp_path / "good.tar") as good, tarfile.open(tmp_path / "evil.tar", "w") as evil:
+        for m in good.getmembers():
+            evil.addfile(m, good.extractfile(m))
+        info = tarfile.TarInfo(f"entries/{'ab' * 16}/packs/{'0' * 32}.pack")
+        info.type = kind
+        evil.addfile(info, io.BytesIO(b"") if kind == tarfile.CONTTYPE else None)
+    target = Store(tmp_path / "target")
+    with pytest.raises(CorruptPackError):
+        target.import_archive(tmp_path / "evil.tar")
+    assert target.entries() == []
