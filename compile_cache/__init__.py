@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from .cache import CacheReport, last_report
+from .distributed import warm_up
 from .errors import (
     BackendUnavailableError,
     CompileCacheError,
@@ -48,4 +49,5 @@ __all__ = [
     "backend",
     "fingerprint",
     "fingerprint_tree",
+    "warm_up",
 ]

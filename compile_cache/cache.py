@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ._sizes import format_size
 from .environment import environment, environment_digest
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
 from .fingerprint import fingerprint
-from .store import Store
+from .store import Store, read_pack_header
 
 logger = logging.getLogger("compile_cache")
 
@@ -155,7 +156,9 @@ def entry_key(model: nn.Module, plan: Any, compile_kwargs: dict[str, Any], preco
 class CacheSession:
     """One model's link to the store: restores at open, publishes after forwards that compiled."""
 
-    def __init__(self, store: Store, key: str, model: nn.Module, precompile: bool) -> None:
+    def __init__(
+        self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None
+    ) -> None:
         self.store = store
         self.key = key
         self.precompile = precompile
@@ -164,16 +167,33 @@ class CacheSession:
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "torch": torch.__version__,
             "device": _device_of(model),
+            # For `compile-cache ls`: the region groups, e.g. "GPT2Block x4".
+            "regions": ", ".join(
+                f"{g.class_name.rsplit('.', 1)[-1]} x{g.size}" for g in getattr(plan, "groups", ())
+            ),
         }
         self._capture: artifacts.Capture | None = None
         self._counters = artifacts.CompileCounters.snapshot()
         self._lock = threading.Lock()
+        #: Merged into the header metadata of packs published from now on (the distributed
+        #: warm-up tags its packs with the signature of its example inputs).
+        self.extra_metadata: dict[str, Any] = {}
+        self._known_members: dict[str, frozenset[str]] = {}  # pack name -> member names
 
     # -- before compiling -------------------------------------------------------------------
-    def restore(self) -> None:
-        """Writes every pack of the key into the local Inductor/Triton dirs; counts hit or miss."""
+    def restore(self, *, count: bool = True) -> None:
+        """Writes every pack of the key into the local Inductor/Triton dirs; counts hit or miss.
+
+        Called at open, and again by the distributed flow once another rank has published (then
+        ``count=False`` adds to the report and counts only a hit, since the miss was counted).
+        Restoring is idempotent: files already present with the same bytes are left alone.
+        """
         start = time.perf_counter()
+        before = self.report.restored_packs
         packs = self.store.load(self.key)
+        if not count:
+            self.report.restored_packs = self.report.restored_files = 0
+            self.report.restored_bytes = 0
         for pack in packs:
             try:
                 result = artifacts.restore(pack.members)
@@ -183,11 +203,13 @@ class CacheSession:
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
-        self.report.restore_seconds = time.perf_counter() - start
-        if self.report.restored_packs:
+        self.report.restore_seconds += time.perf_counter() - start
+        if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
-        else:
+        elif count:
             self.store.record_miss(self.key)
+        elif self.report.restored_packs > before:
+            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         self._capture = artifacts.Capture()
         self._counters = artifacts.CompileCounters.snapshot()
 
@@ -218,10 +240,24 @@ class CacheSession:
             return
         if not members:
             return
+        # Another rank or process may have published the same compile meanwhile. Its bytes can
+        # differ from ours (two g++ runs, pickled timestamps), so content addressing alone would
+        # store a duplicate; torch names FX entries and kernels by their own content keys, so a
+        # member *name* the key's packs already hold is the same artifact: publish only new names.
+        known = self.known_members()
+        if known:
+            members = {name: data for name, data in members.items() if name not in known}
+            if not members:
+                logger.info("compile_cache: what this process compiled is already in the store")
+                return
         info = self.store.publish(
             self.key,
             members,
-            metadata={"fxgraph_misses": self.report.fxgraph_misses, "precompile": self.precompile},
+            metadata={
+                "fxgraph_misses": self.report.fxgraph_misses,
+                "precompile": self.precompile,
+                **self.extra_metadata,
+            },
             entry_info=self._entry_info,
             compile_seconds=seconds,
         )
@@ -229,6 +265,32 @@ class CacheSession:
             self.report.published_packs += 1
             self.report.published_bytes += info.size
             logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
+
+    def known_members(self) -> frozenset[str]:
+        """Member names held by the key's packs now (headers only; cached per immutable pack)."""
+        entry = self.store.entry(self.key)
+        if entry is None:
+            return frozenset()
+        names: set[str] = set()
+        for pack in entry.packs:
+            got = self._known_members.get(pack.name)
+            if got is None:
+                try:
+                    header, _, _ = read_pack_header(pack.path)
+                except (CompileCacheError, OSError, ValueError):
+                    continue  # vanished or damaged: load() will count it; not a dedupe source
+                got = frozenset(
+                    m["name"] for m in header.get("members", []) if isinstance(m, dict)
+                    and isinstance(m.get("name"), str)
+                )
+                self._known_members[pack.name] = got
+            names |= got
+        return frozenset(names)
+
+    def pack_metadata(self) -> list[dict[str, Any]]:
+        """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
+        entry = self.store.entry(self.key)
+        return [dict(p.metadata) for p in entry.packs] if entry is not None else []
 
     def precompile_failed(self, name: str, exc: BaseException) -> None:
         """Loading precompiled code failed: warn, count, and let the caller compile normally."""
@@ -245,6 +307,7 @@ class CacheSession:
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
         """Observes the model's outermost call, outside any compiled code."""
+        _sessions[model] = self
         runner = model.__dict__.get("_compiled_call_impl")
         if runner is not None:  # the root itself is compiled: wrap its compiled call
             model._compiled_call_impl = _ObservedCall(runner, self)
@@ -259,6 +322,17 @@ class CacheSession:
 
 
 _clock = threading.local()
+# model -> its session, for warm_up(); weak so a dropped model frees its session, and outside the
+# module's __dict__ so copy.deepcopy(model) does not try to copy locks.
+_sessions: weakref.WeakKeyDictionary[nn.Module, CacheSession] = weakref.WeakKeyDictionary()
+
+
+def session_for(model: nn.Module) -> CacheSession | None:
+    """The session ``compile_regions`` attached to ``model`` (None without a store)."""
+    try:
+        return _sessions.get(model)
+    except TypeError:  # not weak-referenceable
+        return None
 
 
 def _start_timer(module: nn.Module, args: Any) -> None:
@@ -317,7 +391,7 @@ def open_session(
         warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}", stacklevel=3)
         return None
     key = entry_key(model, plan, compile_kwargs, precompile)
-    session = CacheSession(store, key, model, precompile)
+    session = CacheSession(store, key, model, precompile, plan)
     try:
         session.restore()
     except OSError as exc:
@@ -328,4 +402,12 @@ def open_session(
     return session
 
 
-__all__ = ["CacheReport", "CacheSession", "entry_key", "last_report", "open_session", "environment"]
+__all__ = [
+    "CacheReport",
+    "CacheSession",
+    "entry_key",
+    "environment",
+    "last_report",
+    "open_session",
+    "session_for",
+]

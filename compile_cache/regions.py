@@ -643,6 +643,8 @@ def compile_regions(
     *,
     cache_dir: str | os.PathLike[str] | bool | None = None,
     precompile: bool | None = None,
+    example_inputs: Any = None,
+    distributed: str | None = None,
     **torch_compile_kwargs: Any,
 ) -> nn.Module:
     """Compile ``model``'s repeated blocks and other parts in place; returns ``model`` itself.
@@ -666,6 +668,15 @@ def compile_regions(
     forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
     caches Dynamo's traced bytecode, skipping tracing on a hit. ``compile_cache.last_report()``
     says what was restored, compiled and published.
+
+    ``example_inputs`` (a tuple of positional inputs, a dict of keywords, or one tensor, shaped
+    like the real batches): compile now with :func:`compile_cache.warm_up` instead of at the first
+    forward (forward only under ``no_grad`` for a model in eval mode, forward and backward in
+    training mode). In a ``torch.distributed`` job, one rank per key compiles and the others
+    restore its artifacts; ``distributed`` (``shared``, ``broadcast`` or ``off``; default
+    ``COMPILE_CACHE_DISTRIBUTED`` or ``shared``) says how they get them (see
+    ``compile_cache.distributed``). Every rank must then call ``compile_regions`` at the same
+    point; apply DDP or ``fully_shard`` afterwards.
     """
     _check_module(model, "compile_regions")
     _validate_kwargs(torch_compile_kwargs)
@@ -754,6 +765,12 @@ def compile_regions(
     with _LOCK:
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
+    from . import distributed as _distributed  # ranks: one compiles, the others restore
+
+    if example_inputs is not None:
+        _distributed.warm_up(model, example_inputs, mode=distributed)
+    else:
+        _distributed.note_lazy(model, distributed)
     return model
 
 

@@ -339,13 +339,17 @@ def test_disable_and_bad_input(monkeypatch):
         plan_regions(3)
     seen = {}
 
-    def fake_attach(m, plan, kw, cache_dir):
-        seen.update(model=m, plan=plan, kw=kw, cache_dir=cache_dir)
+    def fake_open_session(m, plan, kw, cache_dir, precompile):
+        seen.update(model=m, plan=plan, kw=kw, cache_dir=cache_dir, precompile=precompile)
+        return None
 
-    monkeypatch.setattr(regions, "_attach_cache", fake_attach)
+    from compile_cache import cache
+
+    monkeypatch.setattr(cache, "open_session", fake_open_session)
     compile_regions(model, backend="eager", cache_dir="/tmp/x")
     assert seen["model"] is model and seen["kw"] == {"backend": "eager"}
     assert seen["cache_dir"] == "/tmp/x" and seen["plan"].groups
+    assert seen["precompile"] is False
 
 
 @pytest.mark.inductor
