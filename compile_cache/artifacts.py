@@ -27,7 +27,6 @@ subject to the umask); a caller that knows better passes ``modes`` (member -> pe
 from __future__ import annotations
 
 import dataclasses
-import errno
 import getpass
 import hashlib
 import logging
@@ -36,11 +35,11 @@ import re
 import stat
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ._paths import atomic_write, check_member_name
 from .errors import UnsafePathError
 
 log = logging.getLogger("compile_cache.artifacts")
@@ -337,17 +336,13 @@ class RestoreResult:
 def validate_member(name: str) -> tuple[str, PurePosixPath]:
     """Split a member name into (label, relative path), or raise :class:`UnsafePathError`.
 
-    Rejected: empty names, absolute paths, backslashes, NUL bytes, empty, ``.`` or ``..`` parts,
-    and names without a path below the label.
+    The name must pass the store's own check (:func:`compile_cache._paths.check_member_name`:
+    relative POSIX path, no ``..``/``.``/empty parts, no NUL or backslash) and have a path below
+    its label.
     """
-    # TODO(_paths.py): the lead will dedupe this with compile_cache/_paths.py's safe-path helpers.
-    if not isinstance(name, str) or not name:
-        raise UnsafePathError(f"unsafe pack member name: {name!r}")
-    if "\x00" in name or "\\" in name or name.startswith("/"):
-        raise UnsafePathError(f"unsafe pack member name: {name!r}")
-    parts = name.split("/")
-    if len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
-        raise UnsafePathError(f"unsafe pack member name: {name!r}")
+    parts = check_member_name(name).split("/")
+    if len(parts) < 2:
+        raise UnsafePathError(f"pack member {name!r} has no path below its label")
     return parts[0], PurePosixPath(*parts[1:])
 
 
@@ -413,20 +408,7 @@ def restore(
             continue
         mode = (modes or {}).get(name, default_mode(name)) & 0o777 & ~umask
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".cc-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    log.debug("restore: could not remove %s: %s", tmp, e)
-            raise
+        atomic_write(target, data, mode=mode, fsync=False)  # torch's own cache is not fsynced either
         result.written.append(name)
         result.bytes_written += len(data)
     return result

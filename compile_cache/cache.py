@@ -368,6 +368,18 @@ def _device_of(model: nn.Module) -> str:
     return "cpu"
 
 
+_fallbacks_counted: set[str] = set()
+
+
+def _count_backend_fallback(store: Store) -> None:
+    """Counts, once per process and store, that the fingerprint runs on the Python fallback."""
+    from .fingerprint import backend_fallbacks
+
+    if backend_fallbacks and str(store.root) not in _fallbacks_counted:
+        _fallbacks_counted.add(str(store.root))
+        store.record_backend_fallback()
+
+
 def open_session(
     model: nn.Module,
     plan: Any,
@@ -390,6 +402,7 @@ def open_session(
     except (CompileCacheError, OSError) as exc:
         warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}", stacklevel=3)
         return None
+    _count_backend_fallback(store)
     key = entry_key(model, plan, compile_kwargs, precompile)
     session = CacheSession(store, key, model, precompile, plan)
     try:

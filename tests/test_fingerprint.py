@@ -400,3 +400,38 @@ def test_backend_environment_variable():
     bogus = _run("import compile_cache", COMPILE_CACHE_BACKEND="bogus")
     assert bogus.returncode != 0
     assert "COMPILE_CACHE_BACKEND='bogus' is not a backend" in bogus.stderr
+
+
+def test_unloadable_native_backend_falls_back_with_one_warning_and_a_counter(tmp_path):
+    # sys.modules[name] = None makes `from . import _C` raise ImportError, as a broken build would.
+    done = _run(
+        f"""
+        import sys, warnings, json
+        sys.modules["compile_cache._C"] = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import compile_cache
+            fp = sys.modules["compile_cache.fingerprint"]
+            import torch
+            compile_cache.compile_regions(torch.nn.Sequential(torch.nn.Linear(2, 2)),
+                                          cache_dir={str(tmp_path / "store")!r}, backend="eager")
+        print(json.dumps({{
+            "backend": compile_cache.backend,
+            "fallbacks": fp.backend_fallbacks,
+            "warnings": [str(w.message) for w in caught if "native fingerprint backend" in str(w.message)],
+            "stats": compile_cache.Store({str(tmp_path / "store")!r}).stats()["backend_fallbacks"],
+        }}))
+        """,
+        COMPILE_CACHE_BACKEND="",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["backend"] == "python"
+    assert result["fallbacks"] == 1
+    assert len(result["warnings"]) == 1 and "pure-Python backend" in result["warnings"][0]
+    assert result["stats"] == 1
+
+    forced = _run("import sys; sys.modules['compile_cache._C'] = None; import compile_cache",
+                  COMPILE_CACHE_BACKEND="native")
+    assert forced.returncode != 0
+    assert "BackendUnavailableError" in forced.stderr and "COMPILE_CACHE_BACKEND=native" in forced.stderr
