@@ -423,7 +423,8 @@ def _section_ranks_variants(data: dict) -> str:
 {cfg.get('seq', '?')}, {cfg.get('threads', '?')} thread(s) per rank) at once, each with its own empty
 `TORCHINDUCTOR_CACHE_DIR`: `uncached` (`compile_regions(cache_dir=False)`: every rank compiles)
 against `cached` (an empty shared store: one rank compiles and publishes, the others wait and
-restore). CPU = `getrusage` self + children from just before `compile_regions` to the first output.
+restore). CPU = the rank's process tree (itself, compile workers, reaped g++ children, via psutil)
+from just before `compile_regions` to the first output.
 
 {_provenance(data, "python benchmarks/bench_ranks.py --json")}
 
