@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-import hashlib
 import logging
 import os
 import re
@@ -53,7 +52,6 @@ __all__ = [
     "is_skipped",
     "load_megacache",
     "local_cache_dirs",
-    "compile_with_precompile",
     "precompile_options",
     "restore",
     "validate_member",
@@ -402,15 +400,16 @@ def restore(
 
     umask = _umask()
     for name, target, data in plan:
-        _record_trusted(name, target, data)
         if _same_file(target, data):
             result.present.append(name)
-            continue
-        mode = (modes or {}).get(name, default_mode(name)) & 0o777 & ~umask
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, data, mode=mode, fsync=False)  # torch's own cache is not fsynced either
-        result.written.append(name)
-        result.bytes_written += len(data)
+        else:
+            mode = (modes or {}).get(name, default_mode(name)) & 0o777 & ~umask
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, data, mode=mode, fsync=False)  # torch's cache is not fsynced either
+            result.written.append(name)
+            result.bytes_written += len(data)
+        if name.endswith(_EXECUTABLE_SUFFIXES):
+            _restored_libraries.add(os.path.realpath(target))
     return result
 
 
@@ -440,18 +439,8 @@ def _umask() -> int:
 # With torch._dynamo.config.caching_precompile, save_cache_artifacts() writes a Dynamo entry to
 # <inductor>/dynamo/<sha256(forward qualname + first line)>/entry, holding the guards, the traced
 # bytecode and the compiled backend (bundled AOTAutograd entry): a process that finds it skips
-# tracing. The key names only the function: every module compiled with ``module.compile()`` hashes
-# ``nn.Module._call_impl``, so two module types would share one slot and, with portable guards (the
-# class and identity guards dropped), one type could run the other's code when tensor metadata
-# match. Hence: load a Dynamo entry only when this process restored it from a pack (keyed by our
-# fingerprint) or wrote it itself; otherwise compile normally.
-
-_trusted_entries: dict[str, bytes] = {}  # path -> bytes restore() wrote or found for this process
-
-
-def _record_trusted(name: str, target: Path, data: bytes) -> None:
-    if name.startswith("inductor/dynamo/") and name.endswith("/entry"):
-        _trusted_entries[str(target)] = hashlib.sha256(data).digest()
+# tracing. The key names only the function; regions.py gives each region group a code object of
+# its own (named after its fingerprint), so groups and models never share an entry.
 
 
 def precompile_options() -> dict[str, Any]:
@@ -466,48 +455,43 @@ def precompile_options() -> dict[str, Any]:
     return {"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
 
 
-def _dynamo_entry_path(fn: Any) -> Path | None:
-    try:
-        from torch._dynamo.package import CompilePackage
+# --------------------------------------------------------------------------------------------
+# Inductor's CPU instruction-set probe
+#
+# Every new process, Inductor checks each candidate vector ISA by building a test library (cached
+# in the local dir, so a restore brings it) and dlopen-ing it in a child Python
+# (torch/_inductor/cpu_vec_isa.py, VecISA._probe_load): about 0.2 s per ISA, over a second per
+# process. For a library that restore() put there, the answer is already known: the pack was made
+# where the same library loaded, under a key that pins the torch build and the CPU's instruction
+# set (environment.py's cpu_capability). The probe result is the same either way, so torch's FX
+# keys do not change; only the child processes are skipped.
 
-        key = CompilePackage.source_id_from_fn(fn)
-    except Exception:
-        return None
-    return local_cache_dirs()["inductor"] / "dynamo" / key / "entry"
+_restored_libraries: set[str] = set()  # realpaths of shared libraries restore() wrote or found
 
 
-def compile_with_precompile(module: Any, **compile_kwargs: Any) -> bool:
-    """``module.compile(**compile_kwargs)`` with Dynamo precompile when it is safe; True if used.
+def trust_restored_isa_probes() -> bool:
+    """Answers Inductor's ISA load probe for libraries a pack restored; True if installed.
 
-    Turns on ``torch._dynamo.config.caching_precompile`` (process-wide: later captures then carry
-    ``inductor/dynamo/.../entry``) and merges :func:`precompile_options` into ``options``. A Dynamo
-    entry already in the local dir is loaded only if :func:`restore` wrote or verified exactly those
-    bytes in this process; an unknown entry (another model's, same ``_call_impl`` key) makes this
-    fall back to a normal compile. Any exception from the precompile path also falls back, after
-    undoing the partial compile.
+    Call after :func:`restore`. Does nothing (False) if torch has no such probe (other versions)
+    or nothing was restored; any other library is still probed by torch as usual.
     """
-    import torch
-
-    entry = _dynamo_entry_path(type(module)._call_impl)
-    if entry is not None and entry.exists():
-        try:
-            digest = hashlib.sha256(entry.read_bytes()).digest()
-        except OSError:
-            digest = b""
-        if _trusted_entries.get(str(entry)) != digest:
-            log.info("precompile: untrusted Dynamo entry at %s; compiling normally", entry)
-            with torch._dynamo.config.patch(caching_precompile=False):
-                module.compile(**compile_kwargs)
-            return False
-    kwargs = dict(compile_kwargs)
-    kwargs["options"] = {**(kwargs.get("options") or {}), **precompile_options()}
-    try:
-        torch._dynamo.config.caching_precompile = True
-        module.compile(**kwargs)
-        return True
-    except Exception as e:  # torch's loader does not catch everything (e.g. '_Missing' errors)
-        log.warning("precompile failed (%s: %s); compiling normally", type(e).__name__, e)
-        module.__dict__.pop("_compiled_call_impl", None)
-        with torch._dynamo.config.patch(caching_precompile=False):
-            module.compile(**compile_kwargs)
+    if not _restored_libraries:
         return False
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        original = cpu_vec_isa.VecISA._probe_load
+    except (ImportError, AttributeError):
+        return False
+    if getattr(original, "_compile_cache_trusted", False):
+        return True
+
+    def _probe_load(self: Any, output_path: str) -> bool:
+        if os.path.realpath(output_path) in _restored_libraries:
+            return True
+        return original(self, output_path)
+
+    _probe_load._compile_cache_trusted = True  # type: ignore[attr-defined]
+    cpu_vec_isa.VecISA._probe_load = _probe_load
+    log.debug("Inductor's ISA probe trusts %d restored libraries", len(_restored_libraries))
+    return True

@@ -204,6 +204,8 @@ class CacheSession:
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
         self.report.restore_seconds += time.perf_counter() - start
+        if self.report.restored_packs:
+            artifacts.trust_restored_isa_probes()
         if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         elif count:

@@ -253,3 +253,29 @@ def test_restore_gives_full_hit_on_fresh_dir(round_trip: tuple[dict, dict, dict]
     assert b["counters"]["fxgraph_hit"] >= 1
     # nothing rebuilt: process B added no shared library (g++ never ran)
     assert not [k for k in b["added"] if k.endswith(".so")], b["added"]
+
+
+# ---------------------------------------------------------------------------- ISA probe
+
+
+def test_isa_probe_is_answered_only_for_restored_libraries(tmp_path, monkeypatch):
+    from torch._inductor import cpu_vec_isa
+
+    probed: list[str] = []
+
+    def real_probe(self, output_path):  # stands in for torch's subprocess dlopen check
+        probed.append(output_path)
+        return False
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", real_probe)
+    monkeypatch.setattr(artifacts, "_restored_libraries", set())
+    dirs = _dirs(tmp_path)
+    artifacts.restore({"inductor/ab/probe.so": b"\x7fELF restored"}, dirs=dirs)
+    assert artifacts.trust_restored_isa_probes()
+
+    isa = cpu_vec_isa.VecAVX2()
+    assert isa._probe_load(str(dirs["inductor"] / "ab" / "probe.so")) is True
+    assert probed == []  # a restored library: no child process
+    other = tmp_path / "built-here.so"
+    assert isa._probe_load(str(other)) is False  # anything else still goes to torch's probe
+    assert probed == [str(other)]
