@@ -659,6 +659,7 @@ def _shared(
         return
     report.role = "follower"
     t0 = time.perf_counter()
+    artifacts.import_compile_stack()  # idle time: the leader compiles meanwhile
     ok = _wait_for(done, wait, f"rank {leader} ({infos[leader]['host']}) to compile")
     report.waited_seconds += time.perf_counter() - t0
     if not ok:
@@ -753,6 +754,7 @@ def _broadcast(
                 _signal(done)
         elif mine or rank in members:
             t0 = time.perf_counter()
+            artifacts.import_compile_stack()  # idle time: the source compiles meanwhile
             ok = _wait_for(done, wait, f"rank {src} to compile")
             report.waited_seconds += time.perf_counter() - t0
             if not ok:
