@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +120,32 @@ def tiny_llama() -> Callable[..., torch.nn.Module]:
         return AutoModelForCausalLM.from_config(cfg)
 
     return build
+
+
+_MLP_CHILD = Path(__file__).with_name("_mlp_child.py")
+
+
+def run_mlp_child(local: Path, *args: str) -> dict[str, Any]:
+    """Runs tests/_mlp_child.py in a fresh process whose local Inductor/Triton dirs are ``local``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"),
+        TRITON_CACHE_DIR=str(local / "triton"),
+        PYTHONPATH=os.pathsep.join([str(_MLP_CHILD.parents[1]), env.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, str(_MLP_CHILD), *args],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="session")
+def mlp_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """One real Inductor compile of a tiny MLP in fresh dirs, captured: (its result, pack pickle)."""
+    base = tmp_path_factory.mktemp("mlp_capture")
+    pack = base / "pack.pkl"
+    return run_mlp_child(base / "node", "capture", str(pack)), pack

@@ -7,15 +7,11 @@ compile is a full local-cache hit with no new ``.so`` built.
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_mlp_child
 
 from compile_cache import UnsafePathError, artifacts
 
@@ -175,67 +171,12 @@ def test_counters_diff() -> None:
 
 # ---------------------------------------------------------------------------- end to end
 
-_SCRIPT = textwrap.dedent(
-    """
-    import json, pickle, sys
-    import torch
-    from compile_cache import artifacts
-
-    mode, pack = sys.argv[1], sys.argv[2]
-    if mode == "restore":
-        with open(pack, "rb") as f:
-            members = pickle.load(f)
-        restored = artifacts.restore(members)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)
-    ).eval()
-    x = torch.randn(4, 16)
-    with torch.no_grad():
-        ref = model(x)
-    cap = artifacts.Capture()
-    before = artifacts.CompileCounters.snapshot()
-    with torch.no_grad():
-        out = torch.compile(model)(x)
-    counts = artifacts.CompileCounters.snapshot().diff(before)
-    torch.testing.assert_close(out, ref)
-    added = cap.collect()
-    if mode == "capture":
-        with open(pack, "wb") as f:
-            pickle.dump(added, f)
-    print("RESULT " + json.dumps({
-        "counters": counts.as_dict(),
-        "added": sorted(added),
-        "written": len(restored.written) if mode == "restore" else 0,
-    }))
-    """
-)
-
-
-def _run(tmp: Path, mode: str, pack: Path) -> dict:
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
-    env["TRITON_CACHE_DIR"] = str(tmp / "triton")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, mode, str(pack)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
-
-
 @pytest.fixture(scope="session")
-def round_trip(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
-    base = tmp_path_factory.mktemp("e2e")
-    pack = base / "pack.pkl"
-    a = _run(base / "a", "capture", pack)
-    b = _run(base / "b", "restore", pack)
+def round_trip(
+    mlp_capture: tuple[dict, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict, dict, dict]:
+    a, pack = mlp_capture
+    b = run_mlp_child(tmp_path_factory.mktemp("e2e_restore"), "restore", str(pack))
     with open(pack, "rb") as f:
         members = pickle.load(f)
     return a, b, members

@@ -9,18 +9,16 @@ never ran) and outputs equal to eager prove the bytes that went through the race
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import traceback
 import warnings
 from pathlib import Path
 
 import pytest
-from _fault_helpers import FORK, env_with_repo, join_or_fail, temp_files
+from _fault_helpers import FORK, join_or_fail, temp_files
+from conftest import run_mlp_child
 
 from compile_cache import artifacts
 from compile_cache.store import Store, StoreWarning
@@ -30,50 +28,11 @@ ROUNDS = 4
 SHARED = "c0" * 16
 members_out: list = []  # the captured compile's outputs: a restored kernel must give exactly these
 
-_COMPILE = r"""
-import json, pickle, sys
-import torch
-from compile_cache import artifacts
-mode, path = sys.argv[1], sys.argv[2]
-if mode == "check":
-    from compile_cache.store import Store
-    for pack in Store(sys.argv[3]).load(sys.argv[4]):
-        artifacts.restore(pack.members)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
-x = torch.randn(4, 16)
-with torch.no_grad():
-    ref = model(x)
-cap = artifacts.Capture()
-before = artifacts.CompileCounters.snapshot()
-with torch.no_grad():
-    out = torch.compile(model)(x)
-counts = artifacts.CompileCounters.snapshot().diff(before)
-torch.testing.assert_close(out, ref)
-added = cap.collect()
-if mode == "capture":
-    with open(path, "wb") as f:
-        pickle.dump(added, f)
-print("RESULT " + json.dumps({"counters": counts.as_dict(), "added": sorted(added), "out": out.tolist()}))
-"""
-
-
-def _inductor(tmp: Path, mode: str, *args: str) -> dict:
-    env = env_with_repo(TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1")
-    env.pop("TRITON_CACHE_DIR", None)
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, mode, *args], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
-
-
 @pytest.fixture(scope="module")
-def real_members(tmp_path_factory) -> dict[str, bytes]:
+def real_members(mlp_capture) -> dict[str, bytes]:
     """One real Inductor compile, captured: FX-graph entry, AOTAutograd entry, the .so."""
-    base = tmp_path_factory.mktemp("capture")
-    first = _inductor(base / "a", "capture", str(base / "pack.pkl"))
-    with open(base / "pack.pkl", "rb") as f:
+    first, pack = mlp_capture
+    with open(pack, "rb") as f:
         members = pickle.load(f)
     members_out[:] = first["out"]
     assert any(k.endswith(".so") for k in members) and any("fxgraph" in k for k in members)
@@ -146,7 +105,7 @@ def test_six_processes_publish_and_restore_real_artifacts(tmp_path, monkeypatch,
     assert stats["errors"] == 0 and stats["corrupt"] == 0 and stats["incompatible"] == 0
 
     # The bytes that went through the races compile for real: a fresh node restores and hits.
-    result = _inductor(tmp_path / "check", "check", str(tmp_path / "unused"), str(root), SHARED)
+    result = run_mlp_child(tmp_path / "check", "restore-store", str(root), SHARED)
     assert result["counters"]["fxgraph_miss"] == 0 and result["counters"]["fxgraph_hit"] >= 1, result
     assert not [k for k in result["added"] if k.endswith(".so")], result["added"]
     assert result["out"] == members_out  # bit for bit the compiled kernel's outputs (and ~eager)
