@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _fault_helpers import STORE_ENV
 
 import compile_cache._paths as paths
 import compile_cache.store as store_mod
@@ -38,15 +39,7 @@ MEMBERS = {
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in (
-        "COMPILE_CACHE_DIR",
-        "COMPILE_CACHE_SHARED",
-        "COMPILE_CACHE_READ_ONLY",
-        "COMPILE_CACHE_MAX_SIZE",
-        "COMPILE_CACHE_SIGNING_KEY",
-        "COMPILE_CACHE_LOCK",
-        "XDG_CACHE_HOME",
-    ):
+    for name in STORE_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(store_mod, "_warned", set())  # one-time warnings: once per test
 
