@@ -35,7 +35,6 @@ import re
 import stat
 import sys
 import tempfile
-import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -519,35 +518,3 @@ def import_compile_stack() -> None:
             importlib.import_module(name)
         except Exception as exc:  # another torch version: nothing lost, the compile imports it
             log.debug("could not import %s ahead of time: %s", name, exc)
-
-
-_isa_probe_thread: threading.Thread | None = None
-
-
-def prefetch_isa_probe() -> None:
-    """Runs Inductor's CPU instruction-set probe in a background thread, once per process.
-
-    On a cold start the probe builds a test library per candidate instruction set with the C++
-    compiler (several seconds here) before the first CPU kernel can be generated. Started when
-    the regions are wrapped, it runs on another core while Dynamo traces the first forward, and
-    Inductor finds the answer cached (``functools.cache``) or waits on the probe's own file lock.
-    The compile stack is imported first, in the caller's thread, so the two threads never import
-    the same modules at once. Any failure is logged; Inductor then probes as usual.
-    """
-    global _isa_probe_thread
-    if _isa_probe_thread is not None:
-        return
-    import_compile_stack()
-    try:
-        from torch._inductor import cpu_vec_isa
-    except ImportError:
-        return
-
-    def probe() -> None:
-        try:
-            cpu_vec_isa.pick_vec_isa()
-        except Exception as exc:  # Inductor will probe again itself and report real problems
-            log.debug("background ISA probe failed: %s", exc)
-
-    _isa_probe_thread = threading.Thread(target=probe, name="compile_cache-isa-probe", daemon=True)
-    _isa_probe_thread.start()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import itertools
 import logging
 import os
 import re
@@ -763,10 +762,6 @@ def compile_regions(
 
     if session is not None:
         session.attach(model)
-    if wanted and kwargs.get("backend", "inductor") == "inductor" and _runs_on_cpu(model):
-        from .artifacts import prefetch_isa_probe  # overlaps Inductor's C++ probe with tracing
-
-        prefetch_isa_probe()
     with _LOCK:
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
@@ -777,13 +772,6 @@ def compile_regions(
     else:
         _distributed.note_lazy(model, distributed)
     return model
-
-
-def _runs_on_cpu(model: nn.Module) -> bool:
-    """Whether the model's tensors (the first one found) live on the CPU: Inductor's C++ path."""
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
-        return tensor.device.type == "cpu"
-    return True
 
 
 def _raise_global_recompile_limit(needed: int) -> None:
