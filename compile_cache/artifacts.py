@@ -462,21 +462,41 @@ def precompile_options() -> dict[str, Any]:
 # Every new process, Inductor checks each candidate vector ISA by building a test library (cached
 # in the local dir, so a restore brings it) and dlopen-ing it in a child Python
 # (torch/_inductor/cpu_vec_isa.py, VecISA._probe_load): about 0.2 s per ISA, over a second per
-# process. For a library that restore() put there, the answer is already known: the pack was made
-# where the same library loaded, under a key that pins the torch build and the CPU's instruction
-# set (environment.py's cpu_capability). The probe result is the same either way, so torch's FX
-# keys do not change; only the child processes are skipped.
+# process. The publisher records which ISAs its own probe accepted (valid_isa_names(), in the
+# pack's metadata); a process that restored the pack gives the same answer for those ISAs' test
+# libraries without the child process. The key pins the torch build and the CPU's instruction set
+# (environment.py's cpu_capability), the answers are the publisher's own, so the ISA Inductor
+# picks, and with it every kernel key, is the same; an ISA the publisher rejected, or a library
+# the pack did not bring, is still probed by torch.
 
 _restored_libraries: set[str] = set()  # realpaths of shared libraries restore() wrote or found
+_trusted_isas: set[str] = set()  # ISA names a restored pack's publisher found valid
 
 
-def trust_restored_isa_probes() -> bool:
-    """Answers Inductor's ISA load probe for libraries a pack restored; True if installed.
+def valid_isa_names() -> list[str] | None:
+    """The vector ISAs Inductor's probe accepted in this process, if it has probed (else None).
 
-    Call after :func:`restore`. Does nothing (False) if torch has no such probe (other versions)
-    or nothing was restored; any other library is still probed by torch as usual.
+    Never triggers a probe: it reads the cached answer of ``valid_vec_isa_list``.
     """
-    if not _restored_libraries:
+    module = sys.modules.get("torch._inductor.cpu_vec_isa")
+    if module is None:
+        return None
+    try:
+        if module.valid_vec_isa_list.cache_info().currsize == 0:
+            return None
+        return sorted(str(isa) for isa in module.valid_vec_isa_list())
+    except Exception:  # another torch version
+        return None
+
+
+def trust_restored_isa_probes(isa_names: Iterable[str]) -> bool:
+    """Answers Inductor's ISA load probe for restored test libraries of ``isa_names``.
+
+    ``isa_names``: what the packs' publisher found valid (:func:`valid_isa_names`). Returns True if
+    the answer is installed; False when there is nothing to trust or torch has no such probe.
+    """
+    _trusted_isas.update(isa_names)
+    if not _restored_libraries or not _trusted_isas:
         return False
     try:
         from torch._inductor import cpu_vec_isa
@@ -488,13 +508,13 @@ def trust_restored_isa_probes() -> bool:
         return True
 
     def _probe_load(self: Any, output_path: str) -> bool:
-        if os.path.realpath(output_path) in _restored_libraries:
+        if str(self) in _trusted_isas and os.path.realpath(output_path) in _restored_libraries:
             return True
         return original(self, output_path)
 
     _probe_load._compile_cache_trusted = True  # type: ignore[attr-defined]
     cpu_vec_isa.VecISA._probe_load = _probe_load
-    log.debug("Inductor's ISA probe trusts %d restored libraries", len(_restored_libraries))
+    log.debug("Inductor's ISA probe trusts %s for restored libraries", sorted(_trusted_isas))
     return True
 
 

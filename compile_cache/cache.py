@@ -204,8 +204,12 @@ class CacheSession:
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
         self.report.restore_seconds += time.perf_counter() - start
-        if self.report.restored_packs:
-            artifacts.trust_restored_isa_probes()
+        trusted = {
+            name for pack in packs for name in (pack.info.metadata.get("valid_isa") or ())
+            if isinstance(name, str)
+        }
+        if self.report.restored_packs and trusted:
+            artifacts.trust_restored_isa_probes(trusted)
         if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         elif count:
@@ -258,6 +262,7 @@ class CacheSession:
             metadata={
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
+                "valid_isa": artifacts.valid_isa_names(),
                 **self.extra_metadata,
             },
             entry_info=self._entry_info,

@@ -199,7 +199,7 @@ def test_restore_gives_full_hit_on_fresh_dir(round_trip: tuple[dict, dict, dict]
 # ---------------------------------------------------------------------------- ISA probe
 
 
-def test_isa_probe_is_answered_only_for_restored_libraries(tmp_path, monkeypatch):
+def test_isa_probe_is_answered_only_for_restored_libraries_of_trusted_isas(tmp_path, monkeypatch):
     from torch._inductor import cpu_vec_isa
 
     probed: list[str] = []
@@ -210,13 +210,22 @@ def test_isa_probe_is_answered_only_for_restored_libraries(tmp_path, monkeypatch
 
     monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", real_probe)
     monkeypatch.setattr(artifacts, "_restored_libraries", set())
+    monkeypatch.setattr(artifacts, "_trusted_isas", set())
     dirs = _dirs(tmp_path)
     artifacts.restore({"inductor/ab/probe.so": b"\x7fELF restored"}, dirs=dirs)
-    assert artifacts.trust_restored_isa_probes()
+    assert artifacts.trust_restored_isa_probes({"avx2"})
 
-    isa = cpu_vec_isa.VecAVX2()
-    assert isa._probe_load(str(dirs["inductor"] / "ab" / "probe.so")) is True
-    assert probed == []  # a restored library: no child process
-    other = tmp_path / "built-here.so"
-    assert isa._probe_load(str(other)) is False  # anything else still goes to torch's probe
-    assert probed == [str(other)]
+    restored = str(dirs["inductor"] / "ab" / "probe.so")
+    assert cpu_vec_isa.VecAVX2()._probe_load(restored) is True
+    assert probed == []  # a restored library of an ISA the publisher accepted: no child process
+    assert cpu_vec_isa.VecAVX512()._probe_load(restored) is False  # not accepted there: probed
+    other = str(tmp_path / "built-here.so")
+    assert cpu_vec_isa.VecAVX2()._probe_load(other) is False  # not restored: probed
+    assert probed == [restored, other]
+
+
+def test_valid_isa_names_never_probes(monkeypatch):
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    assert artifacts.valid_isa_names() is None
