@@ -666,7 +666,8 @@ def compile_regions(
     ``False``: no store, a path: that store). With a store, matching packs are restored before
     compiling, so a fresh process or node loads compiled code instead of compiling it; what the
     forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
-    caches Dynamo's traced bytecode, skipping tracing on a hit. ``compile_cache.last_report()``
+    caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
+    a primitive attribute changed after compiling is not noticed (off by default for that reason). ``compile_cache.last_report()``
     says what was restored, compiled and published.
 
     ``example_inputs`` (a tuple of positional inputs, a dict of keywords, or one tensor, shaped

@@ -222,3 +222,12 @@ def test_unsafe_store_is_refused(tmp_path: Path, dynamo_reset: None) -> None:
     with pytest.raises(compile_cache.UnsafeStoreError, match="chmod"):
         compile_cache.compile_regions(_model(), cache_dir=shared, backend="eager")
     shutil.rmtree(shared)
+
+
+def test_precompile_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Precompile keeps only portable guards: an attribute changed after compiling goes unnoticed.
+    monkeypatch.delenv("COMPILE_CACHE_PRECOMPILE", raising=False)
+    assert cache.precompile_requested(None) is False
+    monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", "1")
+    assert cache.precompile_requested(None) is True
+    assert cache.precompile_requested(False) is False
