@@ -25,10 +25,10 @@ from torch import nn
 
 from . import artifacts
 from ._sizes import format_size
-from .environment import environment, environment_digest
+from .environment import environment_digest
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
 from .fingerprint import fingerprint
-from .store import Store, read_pack_header
+from .store import Store
 
 logger = logging.getLogger("compile_cache")
 
@@ -178,7 +178,6 @@ class CacheSession:
         #: Merged into the header metadata of packs published from now on (the distributed
         #: warm-up tags its packs with the signature of its example inputs).
         self.extra_metadata: dict[str, Any] = {}
-        self._known_members: dict[str, frozenset[str]] = {}  # pack name -> member names
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -232,10 +231,7 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
                 return
-            capture, self._capture = self._capture, None
-            if capture is None:
-                capture = artifacts.Capture()
-            self._publish(capture, seconds)
+            self._publish(self._capture or artifacts.Capture(), seconds)
             self._capture = artifacts.Capture()
 
     def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
@@ -274,25 +270,11 @@ class CacheSession:
             logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
 
     def known_members(self) -> frozenset[str]:
-        """Member names held by the key's packs now (headers only; cached per immutable pack)."""
+        """Member names held by the key's packs now (from the headers the store already read)."""
         entry = self.store.entry(self.key)
         if entry is None:
             return frozenset()
-        names: set[str] = set()
-        for pack in entry.packs:
-            got = self._known_members.get(pack.name)
-            if got is None:
-                try:
-                    header, _, _ = read_pack_header(pack.path)
-                except (CompileCacheError, OSError, ValueError):
-                    continue  # vanished or damaged: load() will count it; not a dedupe source
-                got = frozenset(
-                    m["name"] for m in header.get("members", []) if isinstance(m, dict)
-                    and isinstance(m.get("name"), str)
-                )
-                self._known_members[pack.name] = got
-            names |= got
-        return frozenset(names)
+        return frozenset(name for pack in entry.packs for name in pack.member_names)
 
     def pack_metadata(self) -> list[dict[str, Any]]:
         """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
@@ -426,7 +408,6 @@ __all__ = [
     "CacheReport",
     "CacheSession",
     "entry_key",
-    "environment",
     "last_report",
     "open_session",
     "session_for",

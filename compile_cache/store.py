@@ -416,6 +416,7 @@ class PackInfo:
     compile_seconds: float
     signed: bool
     metadata: dict[str, Any] = field(default_factory=dict)
+    member_names: tuple[str, ...] = ()
 
     @classmethod
     def _from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
@@ -431,6 +432,9 @@ class PackInfo:
             compile_seconds=float(header.get("compile_seconds") or 0.0),
             signed=signed,
             metadata=dict(header.get("metadata") or {}),
+            member_names=tuple(
+                m["name"] for m in table if isinstance(m, dict) and isinstance(m.get("name"), str)
+            ),
         )
 
 
