@@ -1,10 +1,16 @@
 """Cold-start and steady-state cost of regional compilation on GPT-2 (CPU, no_grad).
 
 Variants, each in a fresh subprocess with an empty TORCHINDUCTOR_CACHE_DIR:
-  eager        no compile
-  full         torch.compile(model)
-  accelerate   accelerate.utils.compile_regions(model)
-  ours         compile_cache.regions.compile_regions(model)
+  eager               no compile
+  full                torch.compile(model)
+  accelerate          accelerate.utils.compile_regions(model)
+  ours                compile_cache.regions.compile_regions(model)
+  ours-no-prefetch    the same with COMPILE_CACHE_PREFETCH=0: Inductor's ISA probe libraries are
+                      not built ahead in the background (compile_cache/prefetch.py)
+
+Torch keeps its precompiled kernel header outside the cache dir, once per machine
+(<tmp>/torchinductor_<user>/precompiled_headers). So that no variant pays for it and the others
+not, a throwaway compile builds it before the first variant runs.
 
 "ttfo_s" is the time from the compile call to the end of the first forward; "steady_ms" the
 median of --iters forwards after --warmup more. Ratios are to the full compile.
@@ -24,7 +30,11 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ("eager", "full", "accelerate", "ours")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import prime_precompiled_header  # noqa: E402
+
+VARIANTS = ("eager", "full", "accelerate", "ours", "ours-no-prefetch")
 
 
 def _child(args: argparse.Namespace) -> dict:
@@ -49,7 +59,7 @@ def _child(args: argparse.Namespace) -> dict:
             from accelerate.utils import compile_regions as acc_compile_regions
 
             model = acc_compile_regions(model)
-        elif args.variant == "ours":
+        elif args.variant in ("ours", "ours-no-prefetch"):
             from compile_cache.regions import compile_regions
 
             model = compile_regions(model, cache_dir=False)
@@ -64,19 +74,29 @@ def _child(args: argparse.Namespace) -> dict:
             times.append((time.perf_counter() - t) * 1e3)
     from torch._dynamo.utils import counters
 
-    return {
+    result = {
         "variant": args.variant,
         "ttfo_s": ttfo,
         "steady_ms": statistics.median(times),
         "unique_graphs": counters["stats"]["unique_graphs"],
         "threads": torch.get_num_threads(),
     }
+    prefetch = sys.modules.get("compile_cache.prefetch")
+    if prefetch is not None and prefetch._started is not None:
+        run = prefetch._started
+        result["isa_prefetch"] = {
+            "built": run.built,
+            "loads_answered": run.loads_answered,
+            "seconds": round(run.seconds, 2),
+        }
+    return result
 
 
 def _run_variant(variant: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_regions_") as tmp:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
         env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+        env["COMPILE_CACHE_PREFETCH"] = "0" if variant == "ours-no-prefetch" else "1"
         cmd = [
             sys.executable,
             os.path.abspath(__file__),
@@ -124,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    if any(v != "eager" for v in variants):
+        prime_precompiled_header(args.timeout)
     results = [_run_variant(v, args) for v in variants]
     full = next((r for r in results if r.get("variant") == "full" and "error" not in r), None)
     for r in results:
@@ -136,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all("error" not in r for r in results) else 1
     print(f"GPT-2 {args.layers} layers x {args.width}, batch 1 x {args.seq}, CPU, no_grad")
     print(
-        f"{'variant':<12}{'TTFO s':>9}{'steady ms':>11}{'TTFO/full':>11}{'steady/full':>13}{'graphs':>8}"
+        f"{'variant':<18}{'TTFO s':>9}{'steady ms':>11}{'TTFO/full':>11}{'steady/full':>13}{'graphs':>8}"
     )
     for r in results:
         if "error" in r:
-            print(f"{r['variant']:<12} ERROR: {' | '.join(r['error'])}")
+            print(f"{r['variant']:<18} ERROR: {' | '.join(r['error'])}")
             continue
         print(
-            f"{r['variant']:<12}{r['ttfo_s']:>9.2f}{r['steady_ms']:>11.2f}"
+            f"{r['variant']:<18}{r['ttfo_s']:>9.2f}{r['steady_ms']:>11.2f}"
             f"{r.get('ttfo_vs_full', float('nan')):>11.2f}"
             f"{r.get('steady_vs_full', float('nan')):>13.3f}{r['unique_graphs']:>8}"
         )

@@ -244,7 +244,8 @@ device: GPT-2 small (transformers' default `gpt2` config) and the Llama-3-70B sh
 def section_regions(data: dict) -> str:
     cfg = data.get("config", {})
     names = {"eager": "eager", "full": "full `torch.compile`",
-             "accelerate": "accelerate `compile_regions`", "ours": "ours (compile_cache)"}
+             "accelerate": "accelerate `compile_regions`", "ours": "ours (compile_cache)",
+             "ours-no-prefetch": "ours, `COMPILE_CACHE_PREFETCH=0`"}
     rows = []
     for r in data.get("results", []):
         if "error" in r:
@@ -261,6 +262,12 @@ def section_regions(data: dict) -> str:
 TTFO: compile call to the end of the first forward; steady: median of {cfg.get('iters', '?')}
 forwards after {cfg.get('warmup', '?')} more. Goals: cold TTFO ≤ 0.5× full compile and ≤
 accelerate's; steady state within 5 % of full compile.
+
+Every cold Inductor CPU process first builds and loads a test library per candidate vector
+instruction set (about 7 s here). `ours` builds them in the background while Dynamo traces
+(`compile_cache/prefetch.py`; torch's probe still makes the choice); `ours, COMPILE_CACHE_PREFETCH=0`
+shows regional compilation without that. Torch's machine-wide precompiled header (outside the
+cache dir) is built once before the first variant, so no variant pays for it.
 
 {_provenance(data, "python benchmarks/bench_regions.py --json")}
 

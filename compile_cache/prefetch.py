@@ -1,0 +1,274 @@
+"""Builds what a cold CPU compile will wait for, in the background, without changing its outcome.
+
+The first Inductor compile for CPU in a process asks which vector instruction sets work
+(``torch._inductor.cpu_vec_isa.valid_vec_isa_list``). For each candidate it builds a small test
+library with g++ and loads it in a child process, one candidate after another: about 7 s on a
+2-core machine before the first kernel is built, whatever the model. That is more than half of a
+regional compile's cold start on CPU, and the reason regional compilation alone cannot reach half
+of a full compile's cold time there.
+
+:func:`start_probe_builds` builds the same test libraries, side by side on spare cores, while
+Dynamo traces. Torch's probe then finds them built and only loads them. The answer stays torch's:
+
+* each library is built by torch's own ``CppBuilder`` with the arguments torch's
+  ``VecISA.check_build`` computes, into the path torch will look at, under torch's own per-library
+  lock, so torch never sees a half-written file;
+* which libraries to build is found by running torch's own ``__bool__`` chain on private copies of
+  its ISA objects whose ``check_build`` records instead of building. The copies are of a
+  different class, so torch's cached answers for the real objects are never touched;
+* nothing here decides anything: a library that fails to build is simply not there, and torch
+  builds it again and draws its own conclusion.
+
+Torch then loads each library in a child process, one after another (about 0.2 s each). The
+background run also does those loads, with torch's own ``VecISA._probe_load`` on the same files,
+as soon as each library is built; torch's probe gets that answer instead of starting its own
+child. A library whose build or load did not finish here is probed by torch as before.
+
+So the chosen instruction set, and with it every kernel key, is what torch alone would pick. (Two
+earlier attempts did change it: forcing ``cpp.vec_isa_ok``, and running torch's probe itself in a
+thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
+
+``COMPILE_CACHE_PREFETCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger("compile_cache")
+
+ENV_SWITCH = "COMPILE_CACHE_PREFETCH"
+
+
+@dataclasses.dataclass
+class ProbePrefetch:
+    """What one background run did; ``done`` is set when every build has finished."""
+
+    planned: int = 0  # test libraries torch's probe would build
+    built: int = 0  # built here
+    present: int = 0  # already there (an earlier process, or a restored pack)
+    failed: int = 0  # failed to build here: torch builds them again and decides
+    busy: int = 0  # someone held torch's lock for it first: left to them
+    loads_answered: int = 0  # torch probes answered with a load done here
+    seconds: float = 0.0
+    done: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the background builds end; False if ``timeout`` passed first."""
+        return self.done.wait(timeout)
+
+
+_lock = threading.Lock()
+_started: ProbePrefetch | None = None  # one run per process: the libraries outlive any model
+
+
+def enabled() -> bool:
+    """False when ``COMPILE_CACHE_PREFETCH`` is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def wants_cpu_inductor(tensors: Iterable[Any], compile_kwargs: dict[str, Any]) -> bool:
+    """Whether a compile with ``compile_kwargs`` of a model holding ``tensors`` needs CPU kernels.
+
+    True for Inductor (the default backend) unless every tensor lives on an accelerator.
+    """
+    if compile_kwargs.get("disable"):
+        return False
+    backend = compile_kwargs.get("backend", "inductor")
+    if backend != "inductor":
+        return False
+    devices = {getattr(t, "device", None) for t in tensors}
+    devices.discard(None)
+    return not devices or any(d.type == "cpu" for d in devices)
+
+
+def start_probe_builds() -> ProbePrefetch | None:
+    """Starts building the vector-ISA test libraries torch's probe is about to need.
+
+    Returns the run's record, or None when there is nothing to do: switched off, not Linux on
+    x86-64, torch already probed in this process, ``cpp.vec_isa_ok`` set, or a torch without
+    this probe. Idempotent: a second call returns the first call's record.
+    """
+    global _started
+    with _lock:
+        if _started is not None:
+            return _started
+        if not enabled():
+            return None
+        try:
+            planned = _plan_probe_builds()
+        except Exception as exc:  # another torch version: torch probes on its own, as before
+            log.debug("compile_cache: no ISA probe prefetch (%s: %s)", type(exc).__name__, exc)
+            return None
+        if not planned:
+            return None
+        record = _started = ProbePrefetch(planned=len(planned))
+    thread = threading.Thread(
+        target=_build_all, args=(planned, record), name="compile_cache-isa-prefetch", daemon=True
+    )
+    thread.start()
+    return record
+
+
+def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
+    """(lock key, CppBuilder, ISA object) per test library torch's probe would build and not find."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return []
+    # Imported here, on the caller's thread: two threads importing the compile stack at once can
+    # hand one of them a half-initialised module.
+    from torch._inductor import codecache, config, cpu_vec_isa
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions, normalize_path_separator
+
+    if config.cpp.vec_isa_ok is not None or config.is_fbcode():
+        return []  # torch does not probe
+    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    if cache_info is not None and cache_info().currsize:
+        return []  # already probed in this process
+    cpu_isas = cpu_vec_isa.x86_isa_checker()
+    planned: dict[str, tuple[str, Any, Any]] = {}
+
+    def record(isa: Any, code: str) -> None:
+        # The first half of VecISA.check_build, verbatim in effect: same source, same key, same
+        # options, same output path. The second half (build if missing, then load) is torch's.
+        key, input_path = codecache.write(
+            code, "cpp", extra=cpu_vec_isa._get_isa_dry_compile_fingerprint(isa.build_arch_flags())
+        )
+        builder = CppBuilder(
+            key,
+            [input_path],
+            CppTorchOptions(vec_isa=isa, warning_all=False),
+            os.path.dirname(input_path),
+        )
+        target = normalize_path_separator(builder.get_target_file_path())
+        if not os.path.isfile(target):
+            planned.setdefault(target, (key, builder, isa))
+
+    amx_code = getattr(cpu_vec_isa.VecAMX, "_amx_code", None)
+    for isa in cpu_vec_isa.supported_vec_isa_list:
+        if not all(flag in cpu_isas for flag in str(isa).split()):
+            continue  # valid_vec_isa_list skips it without probing
+        cls = type(isa)
+
+        class _Recording(cls):  # type: ignore[valid-type, misc]
+            def check_build(self, code: str) -> bool:
+                record(self, code)
+                # Answer "yes" to reach the checks torch makes after a success, except AMX's,
+                # whose success calls torch.cpu._init_amx(): a process-wide side effect.
+                return code != amx_code
+
+        _Recording.__name__ = _Recording.__qualname__ = f"_Recording{cls.__name__}"
+        bool(_Recording())
+    return list(planned.values())
+
+
+_load_answers: dict[str, Future[bool | None]] = {}  # realpath -> this run's load of it
+
+
+def _build_all(planned: list[tuple[str, Any, Any]], record: ProbePrefetch) -> None:
+    start = time.perf_counter()
+    try:
+        original_load = _answer_loads_from_prefetch()
+        workers = max(1, min(len(planned), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers, thread_name_prefix="compile_cache-isa-build") as pool:
+            outcomes = []
+            for key, builder, isa in planned:
+                target = os.path.realpath(builder.get_target_file_path())
+                answer: Future[bool | None] = Future()
+                if original_load is not None:
+                    _load_answers[target] = answer
+                outcomes.append(
+                    pool.submit(_build_and_load, key, builder, isa, original_load, answer)
+                )
+            results = [o.result() for o in outcomes]
+        record.built = results.count("built")
+        record.present = results.count("present")
+        record.failed = results.count("failed")
+        record.busy = results.count("busy")
+    finally:
+        record.seconds = time.perf_counter() - start
+        record.done.set()
+        log.debug("compile_cache: ISA probe prefetch %s", record)
+
+
+def _answer_loads_from_prefetch() -> Any:
+    """Routes torch's load probe to this run's answers; returns torch's own probe, or None."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        original = cpu_vec_isa.VecISA._probe_load
+    except (ImportError, AttributeError):
+        return None
+    if getattr(original, "_compile_cache_prefetched", False):
+        return original._compile_cache_original  # type: ignore[attr-defined]
+
+    def _probe_load(self: Any, output_path: str) -> bool:
+        answer = _load_answers.get(os.path.realpath(output_path))
+        if answer is not None:
+            try:
+                loaded = answer.result(timeout=_LOAD_WAIT_S)
+            except Exception:  # timed out or failed here: torch probes for itself
+                loaded = None
+            if loaded is not None:
+                if _started is not None:
+                    _started.loads_answered += 1
+                return loaded
+        return original(self, output_path)
+
+    _probe_load._compile_cache_prefetched = True  # type: ignore[attr-defined]
+    _probe_load._compile_cache_original = original  # type: ignore[attr-defined]
+    cpu_vec_isa.VecISA._probe_load = _probe_load
+    return original
+
+
+_LOAD_WAIT_S = 120.0  # torch's own child load gives up after 60 s; a build takes a few
+
+
+def _build_and_load(
+    key: str, builder: Any, isa: Any, original_load: Any, answer: Future[bool | None]
+) -> str:
+    from torch._inductor.codecache import get_lock_dir
+    from torch._inductor.cpp_builder import normalize_path_separator
+    from torch.utils._filelock import FileLock
+
+    target = normalize_path_separator(builder.get_target_file_path())
+    outcome = "failed"
+    loaded: bool | None = None
+    lock = FileLock(os.path.join(get_lock_dir(), key + ".lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Exception:  # torch (or another process) got there first: it builds and probes
+        answer.set_result(None)
+        return "busy"
+    try:
+        try:
+            if os.path.isfile(target):
+                outcome = "present"
+            else:
+                builder.build()
+                outcome = "built" if os.path.isfile(target) else "failed"
+        finally:
+            lock.release()
+        if outcome != "failed" and original_load is not None:
+            loaded = bool(original_load(isa, target))  # torch's own child-process load
+    except Exception as exc:  # torch builds it again and draws its own conclusion
+        log.debug("compile_cache: prefetch build of %s failed: %s", target, exc)
+        outcome = "failed"
+    finally:
+        answer.set_result(loaded if outcome != "failed" else None)
+    return outcome
+
+
+def _reset_for_tests() -> None:
+    global _started
+    with _lock:
+        _started = None
+        _load_answers.clear()

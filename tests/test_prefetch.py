@@ -1,0 +1,157 @@
+"""compile_cache.prefetch: a cold CPU compile's ISA probe libraries built ahead, torch's answer kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._inductor import cpu_vec_isa
+from torch.utils._filelock import FileLock
+
+from compile_cache import prefetch
+
+_CHILD = Path(__file__).with_name("_prefetch_child.py")
+
+
+def _cold_regional_compile(tmp: Path, prefetch_on: bool) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        COMPILE_CACHE_PREFETCH="1" if prefetch_on else "0",
+        PYTHONPATH=os.pathsep.join([str(_CHILD.parents[1]), env.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, str(_CHILD)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_prefetch_spares_torch_the_probe_builds_and_changes_no_kernel(tmp_path: Path) -> None:
+    """One real cold Inductor compile with the prefetch, one without, in fresh cache dirs."""
+    with_prefetch = _cold_regional_compile(tmp_path / "on", prefetch_on=True)
+    without = _cold_regional_compile(tmp_path / "off", prefetch_on=False)
+
+    assert without["prefetch"] is None
+    assert without["torch_builds"], "without the prefetch torch builds its probe libraries"
+    run = with_prefetch["prefetch"]
+    assert run["built"] == run["planned"] == len(without["torch_builds"])
+    assert run["loads_answered"] == run["planned"]
+    assert with_prefetch["torch_builds"] == []  # torch found every library it needed built
+    # Torch's own probe still chose, and chose the same; so every kernel key is the same.
+    assert with_prefetch["isa"] == without["isa"]
+    assert with_prefetch["flags"] == without["flags"]
+    assert with_prefetch["files"] == without["files"]
+
+
+def test_only_cpu_inductor_compiles_prefetch() -> None:
+    cpu = [torch.zeros(1)]
+    assert prefetch.wants_cpu_inductor(cpu, {})
+    assert prefetch.wants_cpu_inductor([], {"mode": "max-autotune"})
+    assert not prefetch.wants_cpu_inductor(cpu, {"backend": "eager"})
+    assert not prefetch.wants_cpu_inductor(cpu, {"disable": True})
+    assert not prefetch.wants_cpu_inductor([torch.zeros(1, device="meta")], {})
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false"])
+def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(prefetch.ENV_SWITCH, value)
+    monkeypatch.setattr(prefetch, "_started", None)
+    assert prefetch.start_probe_builds() is None
+
+
+class _FakeBuilder:
+    """Stands in for torch's CppBuilder: 'builds' by writing the target, or fails."""
+
+    def __init__(self, target: Path, fail: bool = False) -> None:
+        self.target, self.fail, self.builds = target, fail, 0
+
+    def get_target_file_path(self) -> str:
+        return str(self.target)
+
+    def build(self) -> None:
+        self.builds += 1
+        if self.fail:
+            raise RuntimeError("g++: error: unrecognized command-line option '-mavx9000'")
+        self.target.write_bytes(b"\x7fELF")
+
+
+@pytest.fixture
+def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._inductor.codecache import get_lock_dir
+
+    return Path(get_lock_dir())
+
+
+def test_a_library_torch_is_already_building_is_left_to_torch(tmp_path: Path, lock_dir: Path) -> None:
+    builder = _FakeBuilder(tmp_path / "probe.so")
+    answer: Future[bool | None] = Future()
+    with FileLock(str(lock_dir / "k1.lock")):  # torch's check_build holds its lock
+        outcome = prefetch._build_and_load("k1", builder, None, lambda isa, path: True, answer)
+    assert outcome == "busy"
+    assert builder.builds == 0
+    assert answer.result(timeout=1) is None  # torch probes it itself: no deadlock, no guess
+
+
+def test_a_failed_build_leaves_the_decision_to_torch(tmp_path: Path, lock_dir: Path) -> None:
+    builder = _FakeBuilder(tmp_path / "probe.so", fail=True)
+    answer: Future[bool | None] = Future()
+    outcome = prefetch._build_and_load("k2", builder, None, lambda isa, path: True, answer)
+    assert outcome == "failed"
+    assert answer.result(timeout=1) is None
+    assert not (tmp_path / "probe.so").exists()
+
+
+def test_the_answer_is_torchs_own_load_of_the_built_library(tmp_path: Path, lock_dir: Path) -> None:
+    loads: list[str] = []
+
+    def torch_load(isa: object, path: str) -> bool:
+        loads.append(path)
+        return False  # e.g. the library built but does not load on this CPU
+
+    builder = _FakeBuilder(tmp_path / "probe.so")
+    answer: Future[bool | None] = Future()
+    assert prefetch._build_and_load("k3", builder, None, torch_load, answer) == "built"
+    assert answer.result(timeout=1) is False
+    assert loads == [str(tmp_path / "probe.so")]
+    # Present already (an earlier process built it): not rebuilt, still loaded once more.
+    again: Future[bool | None] = Future()
+    assert prefetch._build_and_load("k3", builder, None, torch_load, again) == "present"
+    assert builder.builds == 1
+
+
+def test_torchs_probe_uses_prefetched_answers_and_probes_the_rest_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch_probed: list[str] = []
+
+    def torch_probe(self: object, output_path: str) -> bool:
+        torch_probed.append(output_path)
+        return True
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe)
+    monkeypatch.setattr(prefetch, "_load_answers", {})
+    assert prefetch._answer_loads_from_prefetch() is torch_probe
+    answered, unknown, unanswered = (str(tmp_path / n) for n in ("a.so", "b.so", "c.so"))
+    for path, result in ((answered, False), (unanswered, None)):
+        future: Future[bool | None] = Future()
+        future.set_result(result)
+        prefetch._load_answers[os.path.realpath(path)] = future
+    probe = cpu_vec_isa.VecISA._probe_load
+    isa = cpu_vec_isa.VecAVX2()
+    assert probe(isa, answered) is False  # the prefetched load's answer, even a "no"
+    assert probe(isa, unknown) is True
+    assert probe(isa, unanswered) is True
+    assert torch_probed == [unknown, unanswered]
+    assert prefetch._answer_loads_from_prefetch() is torch_probe  # installed once, not stacked
