@@ -90,10 +90,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import artifacts
+from . import artifacts, prefetch
 from .cache import CacheSession, session_for
 from .environment import environment
 from .errors import ConfigError, LockTimeoutError
+from .regions import get_plan
 
 logger = logging.getLogger("compile_cache")
 
@@ -160,6 +161,11 @@ def is_active() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def coordinates(mode: str | None = None) -> bool:
+    """Whether :func:`warm_up` would have one rank compile for the others (``mode`` as there)."""
+    return is_active() and resolve_mode(mode) != "off"
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,6 +595,9 @@ def last_warm_up() -> WarmUpReport | None:
 def _local(
     report: WarmUpReport, model: nn.Module, inputs: Any, train: bool, session: CacheSession | None
 ) -> None:
+    plan = get_plan(model)
+    if plan is not None and not plan.disabled:  # a rank that compiles: probe libraries ahead
+        prefetch.start_for(model, plan.compile_kwargs)
     hits, misses, _ = _run_local(model, inputs, train, session)
     report.fxgraph_hits += hits
     report.fxgraph_misses += misses
@@ -659,6 +668,7 @@ def _shared(
         return
     report.role = "follower"
     t0 = time.perf_counter()
+    prefetch.cancel_pending()  # the leader's packs bring the probe libraries
     artifacts.import_compile_stack()  # idle time: the leader compiles meanwhile
     ok = _wait_for(done, wait, f"rank {leader} ({infos[leader]['host']}) to compile")
     report.waited_seconds += time.perf_counter() - t0
@@ -754,6 +764,7 @@ def _broadcast(
                 _signal(done)
         elif mine or rank in members:
             t0 = time.perf_counter()
+            prefetch.cancel_pending()  # the source's packs bring the probe libraries
             artifacts.import_compile_stack()  # idle time: the source compiles meanwhile
             ok = _wait_for(done, wait, f"rank {src} to compile")
             report.waited_seconds += time.perf_counter() - t0

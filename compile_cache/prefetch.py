@@ -34,6 +34,7 @@ thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import platform
@@ -58,13 +59,22 @@ class ProbePrefetch:
     present: int = 0  # already there (an earlier process, or a restored pack)
     failed: int = 0  # failed to build here: torch builds them again and decides
     busy: int = 0  # someone held torch's lock for it first: left to them
+    cancelled: int = 0  # not started before cancel(): left to torch
     loads_answered: int = 0  # torch probes answered with a load done here
     seconds: float = 0.0
     done: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the background builds end; False if ``timeout`` passed first."""
         return self.done.wait(timeout)
+
+    def cancel(self) -> None:
+        """Starts no further build: for a rank that will restore another rank's compile instead.
+
+        Builds already running finish; torch probes the rest itself, if it ever needs them.
+        """
+        self.stop.set()
 
 
 _lock = threading.Lock()
@@ -89,6 +99,21 @@ def wants_cpu_inductor(tensors: Iterable[Any], compile_kwargs: dict[str, Any]) -
     devices = {getattr(t, "device", None) for t in tensors}
     devices.discard(None)
     return not devices or any(d.type == "cpu" for d in devices)
+
+
+def start_for(model: Any, compile_kwargs: dict[str, Any]) -> ProbePrefetch | None:
+    """:func:`start_probe_builds` if compiling ``model`` with ``compile_kwargs`` needs CPU kernels."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if not wants_cpu_inductor(tensors, compile_kwargs):
+        return None
+    return start_probe_builds()
+
+
+def cancel_pending() -> None:
+    """Cancels this process's background builds that have not started (see ``cancel``)."""
+    run = _started
+    if run is not None:
+        run.cancel()
 
 
 def start_probe_builds() -> ProbePrefetch | None:
@@ -186,13 +211,16 @@ def _build_all(planned: list[tuple[str, Any, Any]], record: ProbePrefetch) -> No
                 if original_load is not None:
                     _load_answers[target] = answer
                 outcomes.append(
-                    pool.submit(_build_and_load, key, builder, isa, original_load, answer)
+                    pool.submit(
+                        _build_and_load, key, builder, isa, original_load, answer, record.stop
+                    )
                 )
             results = [o.result() for o in outcomes]
         record.built = results.count("built")
         record.present = results.count("present")
         record.failed = results.count("failed")
         record.busy = results.count("busy")
+        record.cancelled = results.count("cancelled")
     finally:
         record.seconds = time.perf_counter() - start
         record.done.set()
@@ -233,7 +261,12 @@ _LOAD_WAIT_S = 120.0  # torch's own child load gives up after 60 s; a build take
 
 
 def _build_and_load(
-    key: str, builder: Any, isa: Any, original_load: Any, answer: Future[bool | None]
+    key: str,
+    builder: Any,
+    isa: Any,
+    original_load: Any,
+    answer: Future[bool | None],
+    stop: threading.Event | None = None,
 ) -> str:
     from torch._inductor.codecache import get_lock_dir
     from torch._inductor.cpp_builder import normalize_path_separator
@@ -242,6 +275,9 @@ def _build_and_load(
     target = normalize_path_separator(builder.get_target_file_path())
     outcome = "failed"
     loaded: bool | None = None
+    if stop is not None and stop.is_set():
+        answer.set_result(None)
+        return "cancelled"
     lock = FileLock(os.path.join(get_lock_dir(), key + ".lock"), timeout=0)
     try:
         lock.acquire()

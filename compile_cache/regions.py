@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import itertools
 import logging
 import os
 import re
@@ -720,10 +719,11 @@ def compile_regions(
         use_precompile = cache.precompile_requested(precompile) and cache_dir is not False
         session = cache.open_session(model, plan, kwargs, cache_dir, use_precompile)
         use_precompile = use_precompile and session is not None
+        from . import distributed as _distributed
         from . import prefetch  # after the restore: restored test libraries need no build
 
-        if prefetch.wants_cpu_inductor(itertools.chain(model.parameters(), model.buffers()), kwargs):
-            prefetch.start_probe_builds()
+        if example_inputs is None or not _distributed.coordinates(distributed):
+            prefetch.start_for(model, kwargs)  # else only the rank that compiles does (warm_up)
     frozen = _freeze((kwargs, use_precompile))
     user_limit = kwargs.get("recompile_limit")
     largest = max((g.size for g in plan.groups), default=1)

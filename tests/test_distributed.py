@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
 
     import compile_cache
     from compile_cache import distributed as ccd
+    from compile_cache import prefetch
     from compile_cache.artifacts import CompileCounters
     from compile_cache.demo import TinyTransformer
 
@@ -57,6 +59,8 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
         result["report"] = compile_cache.last_report().to_dict()
         result["counters"] = CompileCounters.snapshot().as_dict()
         result["stats"] = compile_cache.region_stats(model)
+        run = prefetch._started
+        result["prefetch"] = None if run is None else {"built": run.built, "planned": run.planned}
     elif scenario == "parallel":
         result.update(_train_ddp_fsdp(rank, world))
     elif scenario == "die":
@@ -238,6 +242,11 @@ def test_shared_directory_one_rank_compiles_the_other_restores(jobs: dict[str, A
     for r in (r0, r1):
         assert r["max_diff"] < 1e-4
         assert all(s["eager_calls"] == 0 for s in r["stats"].values())
+    # Only the compiling rank builds Inductor's ISA probe libraries ahead; the follower's come
+    # with the leader's packs, so it spends no CPU on them while the leader compiles.
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        assert r0["prefetch"] is not None and r0["prefetch"]["built"] >= 1, r0["prefetch"]
+    assert r1["prefetch"] is None, r1["prefetch"]
 
 
 def test_broadcast_separate_stores(jobs: dict[str, Any]) -> None:

@@ -155,3 +155,15 @@ def test_torchs_probe_uses_prefetched_answers_and_probes_the_rest_itself(
     assert probe(isa, unanswered) is True
     assert torch_probed == [unknown, unanswered]
     assert prefetch._answer_loads_from_prefetch() is torch_probe  # installed once, not stacked
+
+
+def test_a_cancelled_run_starts_no_further_build(tmp_path: Path, lock_dir: Path) -> None:
+    """A rank that turns out to be a follower stops building: the leader's packs bring them."""
+    run = prefetch.ProbePrefetch(planned=1)
+    run.cancel()
+    builder = _FakeBuilder(tmp_path / "probe.so")
+    answer: Future[bool | None] = Future()
+    outcome = prefetch._build_and_load("k4", builder, None, lambda isa, path: True, answer, run.stop)
+    assert outcome == "cancelled"
+    assert builder.builds == 0
+    assert answer.result(timeout=1) is None
