@@ -34,6 +34,7 @@ thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import logging
 import os
@@ -160,12 +161,13 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
         return []  # already probed in this process
     cpu_isas = cpu_vec_isa.x86_isa_checker()
     planned: dict[str, tuple[str, Any, Any]] = {}
+    key_flags = _key_flags_reader(cpu_vec_isa.VecISA.check_build)
 
     def record(isa: Any, code: str) -> None:
         # The first half of VecISA.check_build, verbatim in effect: same source, same key, same
         # options, same output path. The second half (build if missing, then load) is torch's.
         key, input_path = codecache.write(
-            code, "cpp", extra=cpu_vec_isa._get_isa_dry_compile_fingerprint(isa.build_arch_flags())
+            code, "cpp", extra=cpu_vec_isa._get_isa_dry_compile_fingerprint(key_flags(isa))
         )
         builder = CppBuilder(
             key,
@@ -196,6 +198,22 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
 
 
 _load_answers: dict[str, Future[bool | None]] = {}  # realpath -> this run's load of it
+
+
+def _key_flags_reader(check_build: Any) -> Any:
+    """Which flags torch's ``check_build`` puts in a test library's key.
+
+    torch 2.13 keys on ``build_arch_flags()``, torch 2.11 on the ``_arch_flags`` attribute; they
+    differ once a bf16 check has passed. Read off torch's own source; a wrong guess only costs a
+    library built here that torch then does not use.
+    """
+    try:
+        source = inspect.getsource(check_build)
+    except (OSError, TypeError):
+        source = ""
+    if "_get_isa_dry_compile_fingerprint(self._arch_flags)" in source:
+        return lambda isa: isa._arch_flags
+    return lambda isa: isa.build_arch_flags()
 
 
 def _build_all(planned: list[tuple[str, Any, Any]], record: ProbePrefetch) -> None:

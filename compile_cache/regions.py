@@ -667,8 +667,13 @@ def compile_regions(
     compiling, so a fresh process or node loads compiled code instead of compiling it; what the
     forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
     caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
-    a primitive attribute changed after compiling is not noticed (off by default for that reason). ``compile_cache.last_report()``
-    says what was restored, compiled and published.
+    a primitive attribute changed after compiling is not noticed (off by default for that
+    reason). ``compile_cache.last_report()`` says what was restored, compiled and published.
+
+    For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that are not already
+    there start building in the background, so the first compile does not wait for them one by
+    one; torch's probe still makes its own choice (``compile_cache.prefetch``,
+    ``COMPILE_CACHE_PREFETCH=0`` turns it off).
 
     ``example_inputs`` (a tuple of positional inputs, a dict of keywords, or one tensor, shaped
     like the real batches): compile now with :func:`compile_cache.warm_up` instead of at the first

@@ -433,7 +433,11 @@ const Bytes& dtype_field(c10::ScalarType scalar_type) {
   }
   Bytes& field = cache[index];
   if (field.empty()) {
-    const std::string_view name = c10::getDtypeNames(scalar_type).first;
+    // Held by value: torch 2.11 returns std::pair<std::string, std::string>, a temporary that a
+    // string_view would dangle into (names over 15 bytes, float4_e2m1fn_x2, then read freed
+    // memory); torch 2.13 returns string_views into static storage. Both convert to std::string.
+    const auto names = c10::getDtypeNames(scalar_type);
+    const std::string name(names.first);
     put_sized(field, name.data(), name.size());
   }
   return field;

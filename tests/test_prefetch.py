@@ -46,7 +46,9 @@ def test_prefetch_spares_torch_the_probe_builds_and_changes_no_kernel(tmp_path: 
     assert without["torch_builds"], "without the prefetch torch builds its probe libraries"
     run = with_prefetch["prefetch"]
     assert run["built"] == run["planned"] == len(without["torch_builds"])
-    assert run["loads_answered"] == run["planned"]
+    # torch 2.11 loads each library inline in check_build: nothing to answer there, only builds.
+    loads_answerable = hasattr(cpu_vec_isa.VecISA, "_probe_load")
+    assert run["loads_answered"] == (run["planned"] if loads_answerable else 0)
     assert with_prefetch["torch_builds"] == []  # torch found every library it needed built
     # Torch's own probe still chose, and chose the same; so every kernel key is the same.
     assert with_prefetch["isa"] == without["isa"]
@@ -140,7 +142,7 @@ def test_torchs_probe_uses_prefetched_answers_and_probes_the_rest_itself(
         torch_probed.append(output_path)
         return True
 
-    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe)
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe, raising=False)
     monkeypatch.setattr(prefetch, "_load_answers", {})
     assert prefetch._answer_loads_from_prefetch() is torch_probe
     answered, unknown, unanswered = (str(tmp_path / n) for n in ("a.so", "b.so", "c.so"))
