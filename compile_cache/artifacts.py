@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import isa_probe
 from ._paths import atomic_write, check_member_name
 from .errors import UnsafePathError
 
@@ -410,7 +411,7 @@ def restore(
             result.written.append(name)
             result.bytes_written += len(data)
         if name.endswith(_EXECUTABLE_SUFFIXES):
-            _restored_libraries.add(os.path.realpath(target))
+            _restored_libraries[name] = os.path.realpath(target)
     return result
 
 
@@ -460,62 +461,55 @@ def precompile_options() -> dict[str, Any]:
 # Inductor's CPU instruction-set probe
 #
 # Every new process, Inductor checks each candidate vector ISA by building a test library (cached
-# in the local dir, so a restore brings it) and dlopen-ing it in a child Python
-# (torch/_inductor/cpu_vec_isa.py, VecISA._probe_load): about 0.2 s per ISA, over a second per
-# process. The publisher records which ISAs its own probe accepted (valid_isa_names(), in the
-# pack's metadata); a process that restored the pack gives the same answer for those ISAs' test
-# libraries without the child process. The key pins the torch build and the CPU's instruction set
-# (environment.py's cpu_capability), the answers are the publisher's own, so the ISA Inductor
-# picks, and with it every kernel key, is the same; an ISA the publisher rejected, or a library
-# the pack did not bring, is still probed by torch.
+# in the local dir, so a restore brings it) and loading it in a child Python (isa_probe.py has
+# the details): 0.2 s (torch 2.13) to 1.5 s (torch 2.11, whose child imports torch) per library.
+# The publisher records the answer its own probe gave for each library (isa_probe_answers(), in
+# the pack's metadata); a process that restored the pack gives exactly that answer for exactly
+# those restored files, without the child process. The key pins the torch build and the CPU's
+# instruction set (environment.py's cpu_capability), so the ISA Inductor picks, its flags, and
+# with them every kernel key, are the same; a library the pack did not bring, or one the
+# publisher's probe never saw, is still probed by torch.
 
-_restored_libraries: set[str] = set()  # realpaths of shared libraries restore() wrote or found
-_trusted_isas: set[str] = set()  # ISA names a restored pack's publisher found valid
+_restored_libraries: dict[str, str] = {}  # member name -> realpath of a library restore() wrote
+_trusted_answers: dict[str, bool] = {}  # realpath -> the publisher's probe answer for it
 
 
-def valid_isa_names() -> list[str] | None:
-    """The vector ISAs Inductor's probe accepted in this process, if it has probed (else None).
+def isa_probe_answers(dirs: Mapping[str, Path] | None = None) -> dict[str, bool] | None:
+    """The probe answers this process saw, by pack member name (None if it saw none).
 
-    Never triggers a probe: it reads the cached answer of ``valid_vec_isa_list``.
+    Only libraries inside the local cache dirs (``dirs``, default :func:`local_cache_dirs`), the
+    ones a pack can carry.
     """
-    module = sys.modules.get("torch._inductor.cpu_vec_isa")
-    if module is None:
-        return None
-    try:
-        if module.valid_vec_isa_list.cache_info().currsize == 0:
-            return None
-        return sorted(str(isa) for isa in module.valid_vec_isa_list())
-    except Exception:  # another torch version
-        return None
+    answers: dict[str, bool] = {}
+    roots = [(label, Path(os.path.realpath(root))) for label, root in _roots(dirs)]
+    for path, answer in isa_probe.observed().items():
+        for label, root in roots:
+            if _is_within(Path(path), root):
+                answers[f"{label}/{Path(path).relative_to(root).as_posix()}"] = answer
+                break
+    return answers or None
 
 
-def trust_restored_isa_probes(isa_names: Iterable[str]) -> bool:
-    """Answers Inductor's ISA load probe for restored test libraries of ``isa_names``.
+def trust_restored_isa_answers(answers: Mapping[str, bool]) -> int:
+    """Answers Inductor's ISA probe for restored libraries as the packs' publisher's probe did.
 
-    ``isa_names``: what the packs' publisher found valid (:func:`valid_isa_names`). Returns True if
-    the answer is installed; False when there is nothing to trust or torch has no such probe.
+    ``answers``: member name -> answer, from :func:`isa_probe_answers` of the publisher. Returns
+    how many restored libraries are now answered (0 if none, or torch has no probe to hook).
     """
-    _trusted_isas.update(isa_names)
-    if not _restored_libraries or not _trusted_isas:
-        return False
-    try:
-        from torch._inductor import cpu_vec_isa
+    trusted = {
+        _restored_libraries[name]: bool(answer)
+        for name, answer in answers.items()
+        if name in _restored_libraries and isinstance(answer, bool)
+    }
+    if not trusted or not isa_probe.add_answerer(_answer_restored):
+        return 0
+    _trusted_answers.update(trusted)
+    log.debug("Inductor's ISA probe: %d restored libraries answered as published", len(trusted))
+    return len(trusted)
 
-        original = cpu_vec_isa.VecISA._probe_load
-    except (ImportError, AttributeError):
-        return False
-    if getattr(original, "_compile_cache_trusted", False):
-        return True
 
-    def _probe_load(self: Any, output_path: str) -> bool:
-        if str(self) in _trusted_isas and os.path.realpath(output_path) in _restored_libraries:
-            return True
-        return original(self, output_path)
-
-    _probe_load._compile_cache_trusted = True  # type: ignore[attr-defined]
-    cpu_vec_isa.VecISA._probe_load = _probe_load
-    log.debug("Inductor's ISA probe trusts %s for restored libraries", sorted(_trusted_isas))
-    return True
+def _answer_restored(isa: Any, path: str) -> bool | None:
+    return _trusted_answers.get(path)
 
 
 #: What the first Inductor compile of a process imports lazily (about a second on CPU).

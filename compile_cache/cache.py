@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import artifacts
+from . import artifacts, isa_probe
 from ._sizes import format_size
 from .environment import environment_digest
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
@@ -203,12 +203,13 @@ class CacheSession:
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
         self.report.restore_seconds += time.perf_counter() - start
-        trusted = {
-            name for pack in packs for name in (pack.info.metadata.get("valid_isa") or ())
-            if isinstance(name, str)
-        }
-        if self.report.restored_packs and trusted:
-            artifacts.trust_restored_isa_probes(trusted)
+        answers: dict[str, bool] = {}
+        for pack in packs:
+            published = pack.info.metadata.get("isa_probe")
+            if isinstance(published, dict):
+                answers.update((k, v) for k, v in published.items() if isinstance(v, bool))
+        if self.report.restored_packs and answers:
+            artifacts.trust_restored_isa_answers(answers)
         if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         elif count:
@@ -258,7 +259,7 @@ class CacheSession:
             metadata={
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
-                "valid_isa": artifacts.valid_isa_names(),
+                "isa_probe": artifacts.isa_probe_answers(),
                 **self.extra_metadata,
             },
             entry_info=self._entry_info,
@@ -394,6 +395,7 @@ def open_session(
     _count_backend_fallback(store)
     key = entry_key(model, plan, compile_kwargs, precompile)
     session = CacheSession(store, key, model, precompile, plan)
+    isa_probe.watch()  # what this process's probe answers goes into its packs
     try:
         session.restore()
     except OSError as exc:

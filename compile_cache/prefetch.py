@@ -19,10 +19,11 @@ Dynamo traces. Torch's probe then finds them built and only loads them. The answ
 * nothing here decides anything: a library that fails to build is simply not there, and torch
   builds it again and draws its own conclusion.
 
-Torch then loads each library in a child process, one after another (about 0.2 s each). The
-background run also does those loads, with torch's own ``VecISA._probe_load`` on the same files,
-as soon as each library is built; torch's probe gets that answer instead of starting its own
-child. A library whose build or load did not finish here is probed by torch as before.
+Torch then loads each library in a child process, one after another (about 0.2 s each on torch
+2.13, 1.5 s on torch 2.11, whose child imports torch). The background run also does those loads,
+with torch's own load check on the same files (``isa_probe.torch_load_probe``), as soon as each
+library is built; torch's probe gets that answer through ``isa_probe`` instead of starting its
+own child. A library whose build or load did not finish here is probed by torch as before.
 
 So the chosen instruction set, and with it every kernel key, is what torch alone would pick. (Two
 earlier attempts did change it: forcing ``cpp.vec_isa_ok``, and running torch's probe itself in a
@@ -34,7 +35,6 @@ thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import logging
 import os
@@ -45,6 +45,8 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from . import isa_probe
 
 log = logging.getLogger("compile_cache")
 
@@ -138,8 +140,18 @@ def start_probe_builds() -> ProbePrefetch | None:
         if not planned:
             return None
         record = _started = ProbePrefetch(planned=len(planned))
+        # Before the thread starts, so that torch's probe, whenever it runs, finds the answers.
+        load = isa_probe.torch_load_probe()
+        if load is not None and not isa_probe.add_answerer(_answer_from_prefetch):
+            load = None
+        work = []
+        for key, builder, isa in planned:
+            answer: Future[bool | None] = Future()
+            if load is not None:
+                _load_answers[os.path.realpath(builder.get_target_file_path())] = answer
+            work.append((key, builder, isa, answer))
     thread = threading.Thread(
-        target=_build_all, args=(planned, record), name="compile_cache-isa-prefetch", daemon=True
+        target=_build_all, args=(work, record, load), name="compile_cache-isa-prefetch", daemon=True
     )
     thread.start()
     return record
@@ -151,8 +163,7 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
         return []
     # Imported here, on the caller's thread: two threads importing the compile stack at once can
     # hand one of them a half-initialised module.
-    from torch._inductor import codecache, config, cpu_vec_isa
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions, normalize_path_separator
+    from torch._inductor import config, cpu_vec_isa
 
     if config.cpp.vec_isa_ok is not None or config.is_fbcode():
         return []  # torch does not probe
@@ -161,21 +172,9 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
         return []  # already probed in this process
     cpu_isas = cpu_vec_isa.x86_isa_checker()
     planned: dict[str, tuple[str, Any, Any]] = {}
-    key_flags = _key_flags_reader(cpu_vec_isa.VecISA.check_build)
 
     def record(isa: Any, code: str) -> None:
-        # The first half of VecISA.check_build, verbatim in effect: same source, same key, same
-        # options, same output path. The second half (build if missing, then load) is torch's.
-        key, input_path = codecache.write(
-            code, "cpp", extra=cpu_vec_isa._get_isa_dry_compile_fingerprint(key_flags(isa))
-        )
-        builder = CppBuilder(
-            key,
-            [input_path],
-            CppTorchOptions(vec_isa=isa, warning_all=False),
-            os.path.dirname(input_path),
-        )
-        target = normalize_path_separator(builder.get_target_file_path())
+        key, builder, target = isa_probe.library_path(isa, code)
         if not os.path.isfile(target):
             planned.setdefault(target, (key, builder, isa))
 
@@ -200,39 +199,19 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
 _load_answers: dict[str, Future[bool | None]] = {}  # realpath -> this run's load of it
 
 
-def _key_flags_reader(check_build: Any) -> Any:
-    """Which flags torch's ``check_build`` puts in a test library's key.
-
-    torch 2.13 keys on ``build_arch_flags()``, torch 2.11 on the ``_arch_flags`` attribute; they
-    differ once a bf16 check has passed. Read off torch's own source; a wrong guess only costs a
-    library built here that torch then does not use.
-    """
-    try:
-        source = inspect.getsource(check_build)
-    except (OSError, TypeError):
-        source = ""
-    if "_get_isa_dry_compile_fingerprint(self._arch_flags)" in source:
-        return lambda isa: isa._arch_flags
-    return lambda isa: isa.build_arch_flags()
-
-
-def _build_all(planned: list[tuple[str, Any, Any]], record: ProbePrefetch) -> None:
+def _build_all(
+    planned: list[tuple[str, Any, Any, Future[bool | None]]],
+    record: ProbePrefetch,
+    load: Any,
+) -> None:
     start = time.perf_counter()
     try:
-        original_load = _answer_loads_from_prefetch()
         workers = max(1, min(len(planned), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers, thread_name_prefix="compile_cache-isa-build") as pool:
-            outcomes = []
-            for key, builder, isa in planned:
-                target = os.path.realpath(builder.get_target_file_path())
-                answer: Future[bool | None] = Future()
-                if original_load is not None:
-                    _load_answers[target] = answer
-                outcomes.append(
-                    pool.submit(
-                        _build_and_load, key, builder, isa, original_load, answer, record.stop
-                    )
-                )
+            outcomes = [
+                pool.submit(_build_and_load, key, builder, isa, load, answer, record.stop)
+                for key, builder, isa, answer in planned
+            ]
             results = [o.result() for o in outcomes]
         record.built = results.count("built")
         record.present = results.count("present")
@@ -245,34 +224,18 @@ def _build_all(planned: list[tuple[str, Any, Any]], record: ProbePrefetch) -> No
         log.debug("compile_cache: ISA probe prefetch %s", record)
 
 
-def _answer_loads_from_prefetch() -> Any:
-    """Routes torch's load probe to this run's answers; returns torch's own probe, or None."""
-    try:
-        from torch._inductor import cpu_vec_isa
-
-        original = cpu_vec_isa.VecISA._probe_load
-    except (ImportError, AttributeError):
+def _answer_from_prefetch(isa: Any, path: str) -> bool | None:
+    """The isa_probe answerer: this run's load of ``path``, once done; None if it has none."""
+    answer = _load_answers.get(path)
+    if answer is None:
         return None
-    if getattr(original, "_compile_cache_prefetched", False):
-        return original._compile_cache_original  # type: ignore[attr-defined]
-
-    def _probe_load(self: Any, output_path: str) -> bool:
-        answer = _load_answers.get(os.path.realpath(output_path))
-        if answer is not None:
-            try:
-                loaded = answer.result(timeout=_LOAD_WAIT_S)
-            except Exception:  # timed out or failed here: torch probes for itself
-                loaded = None
-            if loaded is not None:
-                if _started is not None:
-                    _started.loads_answered += 1
-                return loaded
-        return original(self, output_path)
-
-    _probe_load._compile_cache_prefetched = True  # type: ignore[attr-defined]
-    _probe_load._compile_cache_original = original  # type: ignore[attr-defined]
-    cpu_vec_isa.VecISA._probe_load = _probe_load
-    return original
+    try:
+        loaded = answer.result(timeout=_LOAD_WAIT_S)
+    except Exception:  # timed out here: torch probes for itself
+        return None
+    if loaded is not None and _started is not None:
+        _started.loads_answered += 1
+    return loaded
 
 
 _LOAD_WAIT_S = 120.0  # torch's own child load gives up after 60 s; a build takes a few

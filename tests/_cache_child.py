@@ -11,6 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import compile_cache
+from compile_cache import isa_probe
 from compile_cache.demo import TinyTransformer
 
 store, layers, width, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -32,6 +33,7 @@ print(
             "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
             "max_diff": (got - expected).abs().max().item(),
             "eager_calls": sum(s["eager_calls"] for s in compile_cache.region_stats(model).values()),
+            "isa_probe": isa_probe.counts(),
         }
     )
 )

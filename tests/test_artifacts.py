@@ -7,6 +7,7 @@ compile is a full local-cache hit with no new ``.so`` built.
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -199,35 +200,46 @@ def test_restore_gives_full_hit_on_fresh_dir(round_trip: tuple[dict, dict, dict]
 # ---------------------------------------------------------------------------- ISA probe
 
 
-def test_isa_probe_is_answered_only_for_restored_libraries_of_trusted_isas(tmp_path, monkeypatch):
+def test_restored_libraries_get_the_publishers_probe_answers_and_nothing_else(tmp_path, monkeypatch):
     from torch._inductor import cpu_vec_isa
+
+    from compile_cache import isa_probe
 
     probed: list[str] = []
 
-    def real_probe(self, output_path):  # stands in for torch's subprocess dlopen check
+    def torch_probe(self, output_path):  # stands in for torch's child-process load check
         probed.append(output_path)
-        return False
+        return True
 
-    # raising=False: torch 2.11 loads inline in check_build and has no _probe_load to answer;
-    # there trust_restored_isa_probes installs a method torch never calls, which is harmless.
-    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", real_probe, raising=False)
-    monkeypatch.setattr(artifacts, "_restored_libraries", set())
-    monkeypatch.setattr(artifacts, "_trusted_isas", set())
+    # raising=False: torch 2.11 has no _probe_load (it loads inline in check_build, where the
+    # hook then sits; tests/test_isa_probe.py covers that form).
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe, raising=False)
+    monkeypatch.setattr(artifacts, "_restored_libraries", {})
+    monkeypatch.setattr(artifacts, "_trusted_answers", {})
+    monkeypatch.setattr(isa_probe, "_answerers", [])
     dirs = _dirs(tmp_path)
-    artifacts.restore({"inductor/ab/probe.so": b"\x7fELF restored"}, dirs=dirs)
-    assert artifacts.trust_restored_isa_probes({"avx2"})
+    artifacts.restore(
+        {"inductor/ab/ok.so": b"\x7fELF ok", "inductor/cd/no.so": b"\x7fELF no"}, dirs=dirs
+    )
+    published = {"inductor/ab/ok.so": True, "inductor/cd/no.so": False, "inductor/ef/gone.so": True}
+    assert artifacts.trust_restored_isa_answers(published) == 2  # gone.so was not restored
 
-    restored = str(dirs["inductor"] / "ab" / "probe.so")
-    assert cpu_vec_isa.VecAVX2()._probe_load(restored) is True
-    assert probed == []  # a restored library of an ISA the publisher accepted: no child process
-    assert cpu_vec_isa.VecAVX512()._probe_load(restored) is False  # not accepted there: probed
+    isa = cpu_vec_isa.VecAVX2()
+    assert isa._probe_load(str(dirs["inductor"] / "ab" / "ok.so")) is True
+    assert isa._probe_load(str(dirs["inductor"] / "cd" / "no.so")) is False  # the publisher's "no"
+    assert probed == []  # neither loaded again in a child process
     other = str(tmp_path / "built-here.so")
-    assert cpu_vec_isa.VecAVX2()._probe_load(other) is False  # not restored: probed
-    assert probed == [restored, other]
+    assert isa._probe_load(other) is True  # not restored: torch's own probe
+    assert probed == [other]
 
 
-def test_valid_isa_names_never_probes(monkeypatch):
-    from torch._inductor import cpu_vec_isa
+def test_published_probe_answers_are_named_as_pack_members(tmp_path, monkeypatch):
+    from compile_cache import isa_probe
 
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    assert artifacts.valid_isa_names() is None
+    dirs = _dirs(tmp_path)
+    inside = os.path.realpath(dirs["inductor"] / "ab" / "probe.so")
+    outside = os.path.realpath(tmp_path / "elsewhere.so")
+    monkeypatch.setattr(isa_probe, "_observed", {inside: True, outside: False})
+    assert artifacts.isa_probe_answers(dirs) == {"inductor/ab/probe.so": True}
+    monkeypatch.setattr(isa_probe, "_observed", {})
+    assert artifacts.isa_probe_answers(dirs) is None

@@ -76,6 +76,15 @@ def test_new_node_restores_with_zero_fx_graph_misses(new_node: dict) -> None:
     assert warm["max_diff"] < 1e-4
 
 
+def test_new_node_answers_the_isa_probe_as_the_publisher_did(new_node: dict) -> None:
+    """The restored probe libraries are not loaded again in child processes (1.5 s each on
+    torch 2.11): every question gets the answer the publisher's probe gave for that file."""
+    cold, warm = new_node["cold"]["isa_probe"], new_node["warm"]["isa_probe"]
+    assert cold["answered"] + cold["asked_torch"] >= 1  # the publisher's probe ran, observed
+    assert warm["asked_torch"] == 0, warm
+    assert warm["answered"] == cold["answered"] + cold["asked_torch"]
+
+
 def test_changed_shape_is_a_miss_and_compiles_correctly(new_node: dict) -> None:
     changed = new_node["changed"]
     assert changed["report"]["key"] != new_node["cold"]["report"]["key"]

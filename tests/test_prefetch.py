@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch._inductor import cpu_vec_isa
 from torch.utils._filelock import FileLock
 
 from compile_cache import prefetch
@@ -46,9 +45,7 @@ def test_prefetch_spares_torch_the_probe_builds_and_changes_no_kernel(tmp_path: 
     assert without["torch_builds"], "without the prefetch torch builds its probe libraries"
     run = with_prefetch["prefetch"]
     assert run["built"] == run["planned"] == len(without["torch_builds"])
-    # torch 2.11 loads each library inline in check_build: nothing to answer there, only builds.
-    loads_answerable = hasattr(cpu_vec_isa.VecISA, "_probe_load")
-    assert run["loads_answered"] == (run["planned"] if loads_answerable else 0)
+    assert run["loads_answered"] == run["planned"]  # no child-process load left to torch
     assert with_prefetch["torch_builds"] == []  # torch found every library it needed built
     # Torch's own probe still chose, and chose the same; so every kernel key is the same.
     assert with_prefetch["isa"] == without["isa"]
@@ -133,30 +130,18 @@ def test_the_answer_is_torchs_own_load_of_the_built_library(tmp_path: Path, lock
     assert builder.builds == 1
 
 
-def test_torchs_probe_uses_prefetched_answers_and_probes_the_rest_itself(
+def test_prefetched_loads_answer_torchs_probe_and_unknown_ones_go_to_torch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    torch_probed: list[str] = []
-
-    def torch_probe(self: object, output_path: str) -> bool:
-        torch_probed.append(output_path)
-        return True
-
-    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe, raising=False)
     monkeypatch.setattr(prefetch, "_load_answers", {})
-    assert prefetch._answer_loads_from_prefetch() is torch_probe
-    answered, unknown, unanswered = (str(tmp_path / n) for n in ("a.so", "b.so", "c.so"))
+    answered, unknown, unanswered = (os.path.realpath(tmp_path / n) for n in ("a", "b", "c"))
     for path, result in ((answered, False), (unanswered, None)):
         future: Future[bool | None] = Future()
         future.set_result(result)
-        prefetch._load_answers[os.path.realpath(path)] = future
-    probe = cpu_vec_isa.VecISA._probe_load
-    isa = cpu_vec_isa.VecAVX2()
-    assert probe(isa, answered) is False  # the prefetched load's answer, even a "no"
-    assert probe(isa, unknown) is True
-    assert probe(isa, unanswered) is True
-    assert torch_probed == [unknown, unanswered]
-    assert prefetch._answer_loads_from_prefetch() is torch_probe  # installed once, not stacked
+        prefetch._load_answers[path] = future
+    assert prefetch._answer_from_prefetch(None, answered) is False  # the early load's "no"
+    assert prefetch._answer_from_prefetch(None, unknown) is None  # torch probes it
+    assert prefetch._answer_from_prefetch(None, unanswered) is None  # build failed here: torch
 
 
 def test_a_cancelled_run_starts_no_further_build(tmp_path: Path, lock_dir: Path) -> None:
