@@ -17,7 +17,7 @@
 # Knobs (environment): PYTHON (default python, else python3), OUT, BUDGET_S (total seconds,
 # default 480), TEST_TIMEOUT_S (default 150), TESTS (pytest arguments), STRATEGIES (default:
 # eager,regional,full, plus accelerate when the time left allows), MODEL (default 16x2048),
-# SEQ (default 128), SKIP_BUILD=1, SKIP_TESTS=1, BENCH_ARGS (more bench_cold_start.py arguments,
+# SEQ (default 128), REPEATS (runs of each short scenario, default 1), SKIP_BUILD=1, SKIP_TESTS=1, BENCH_ARGS (more bench_cold_start.py arguments,
 # e.g. --no-precompile). DEVICE=cpu DTYPE=float32 run the same pipeline without a GPU (to test
 # this script; the section then lands in "## Cold start", not the GPU one).
 set -euo pipefail
@@ -114,6 +114,7 @@ step "cold start: llama $MODEL, $DEVICE, $DTYPE, batch 1 x $SEQ, strategies $STR
 rm -f "$OUT/cold_start.json"
 if timeout --kill-after=10 "$BENCH_S" "$PYTHON" benchmarks/bench_cold_start.py --arch llama \
     --models "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --seq "$SEQ" --strategies "$STRATEGIES" \
+    --repeats "${REPEATS:-1}" \
     $BENCH_ARGS --timeout 240 --json-out "$OUT/cold_start.json" >/dev/null 2> >(tee "$OUT/cold_start.log" >&2); then
     BENCH_STATUS="completed"
 else

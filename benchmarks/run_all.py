@@ -321,7 +321,17 @@ Scenarios: `cold` (empty `TORCHINDUCTOR_CACHE_DIR`/`TRITON_CACHE_DIR`), `torch w
 dirs again: torch's own local cache), `megacache node` (new empty dirs +
 `torch.compiler.load_cache_artifacts` of the cold run's bytes), `cc publish` / `cc node`
 (compile_cache with an empty store, then a new node with empty dirs and the filled store),
-`cc precompile …` (the same with `precompile=True`), `eager` / `first call` (no compile)."""
+`cc precompile …` (the same with `precompile=True`), `eager` / `first call` (no compile).
+{repeats}"""
+
+
+def _repeats_note(data: dict) -> str:
+    counts = {len(r["ttfo_samples"]) for r in data.get("rows", []) if r.get("ttfo_samples")}
+    if not counts or max(counts) < 2:
+        return "Every scenario ran once."
+    return (f"`torch warm`, `cc node` and `cc precompile` ran {max(counts)} times each (every "
+            "`cc node` run with new empty dirs); their rows are the median run, all samples are "
+            "in the JSON. The other scenarios ran once.")
 
 
 def _cold_what(data: dict) -> tuple[str, str]:
@@ -336,7 +346,7 @@ def _cold_what(data: dict) -> tuple[str, str]:
 
 def section_cold_start(data: dict) -> str:
     what, sync = _cold_what(data)
-    return f"""{COLD_INTRO.format(what=what, seq=data.get('seq', '?'), sync=sync)}
+    return f"""{COLD_INTRO.format(what=what, seq=data.get('seq', '?'), sync=sync, repeats=_repeats_note(data))}
 
 {_provenance(data, "python benchmarks/bench_cold_start.py --json")}
 
@@ -369,7 +379,7 @@ def section_cold_start_gpu(data: dict) -> str:
                    f"{'met' if ratio <= GPU_GOAL else 'not met'}**")
     reference = _table(["torch strategy", "scenario", "TTFO s"],
                        [[a, b, f"{c:.1f}"] for a, b, c in GPU_REFERENCE])
-    return f"""{COLD_INTRO.format(what=what, seq=data.get('seq', '?'), sync=sync)}
+    return f"""{COLD_INTRO.format(what=what, seq=data.get('seq', '?'), sync=sync, repeats=_repeats_note(data))}
 Run by `bash benchmarks/gpu_check.sh` on a GPU machine (JSON in `benchmarks/results/gpu/`).
 
 {_provenance(data, "bash benchmarks/gpu_check.sh")}
