@@ -735,6 +735,7 @@ def compile_regions(
     if not disabled and not _PER_CALL_RECOMPILE_LIMIT:
         _raise_global_recompile_limit(largest)
     states: dict[str, _GroupState] = {}
+    packaged: set[str] = set()  # groups whose precompile package is already installed
     for name, (code_name, label, size) in wanted.items():
         mod = modules[name]
         fn = _region_function(code_name)
@@ -759,7 +760,15 @@ def compile_regions(
                 )
                 call_kwargs["recompile_limit"] = state.limit = max(int(base), size)
             try:
-                compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+                if use_precompile and code_name in packaged:
+                    # One package per group: the blocks share the group's code object, so the
+                    # first block's package installs (and later saves) the entries for all of
+                    # them; a package per block would deserialize the same entries once per block.
+                    with torch._dynamo.config.patch(caching_precompile=False):
+                        compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+                else:
+                    compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+                    packaged.add(code_name)
             except Exception as exc:  # torch's precompile loader does not catch everything
                 if not use_precompile:
                     raise

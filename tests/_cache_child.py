@@ -34,6 +34,7 @@ print(
             "max_diff": (got - expected).abs().max().item(),
             "eager_calls": sum(s["eager_calls"] for s in compile_cache.region_stats(model).values()),
             "isa_probe": isa_probe.counts(),
+            "traced_graphs": counters["stats"]["unique_graphs"],  # Dynamo tracing this process
         }
     )
 )

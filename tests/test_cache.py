@@ -103,6 +103,10 @@ def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> Non
     assert warm["fxgraph_miss"] == 0
     assert warm["max_diff"] < 1e-4
     assert warm["eager_calls"] == 0
+    # Tracing skipped for every block, also those sharing the group's one precompile package;
+    # without precompile a restored start still traces.
+    assert warm["traced_graphs"] == 0
+    assert new_node["warm"]["traced_graphs"] >= 1
 
 
 def _model(width: int = 32, dtype: torch.dtype = torch.float32) -> TinyTransformer:
