@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-import importlib
 import logging
 import os
 import re
@@ -510,25 +509,3 @@ def trust_restored_isa_answers(answers: Mapping[str, bool]) -> int:
 
 def _answer_restored(isa: Any, path: str) -> bool | None:
     return _trusted_answers.get(path)
-
-
-#: What the first Inductor compile of a process imports lazily (about a second on CPU).
-_COMPILE_STACK = (
-    "torch._dynamo.convert_frame",
-    "torch._functorch.aot_autograd",
-    "torch._inductor.compile_fx",
-    "torch._inductor.codecache",
-)
-
-
-def import_compile_stack() -> None:
-    """Imports the compile stack ahead of the first compile, for a rank that would sit idle.
-
-    A rank waiting for another rank's compile spends the time here instead of after the wait.
-    Failures are only logged: the compile imports what it needs anyway.
-    """
-    for name in _COMPILE_STACK:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # another torch version: nothing lost, the compile imports it
-            log.debug("could not import %s ahead of time: %s", name, exc)

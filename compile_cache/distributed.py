@@ -669,7 +669,7 @@ def _shared(
     report.role = "follower"
     t0 = time.perf_counter()
     prefetch.cancel_pending()  # the leader's packs bring the probe libraries
-    artifacts.import_compile_stack()  # idle time: the leader compiles meanwhile
+    prefetch.import_compile_stack()  # idle time: the leader compiles meanwhile
     ok = _wait_for(done, wait, f"rank {leader} ({infos[leader]['host']}) to compile")
     report.waited_seconds += time.perf_counter() - t0
     if not ok:
@@ -765,7 +765,7 @@ def _broadcast(
         elif mine or rank in members:
             t0 = time.perf_counter()
             prefetch.cancel_pending()  # the source's packs bring the probe libraries
-            artifacts.import_compile_stack()  # idle time: the source compiles meanwhile
+            prefetch.import_compile_stack()  # idle time: the source compiles meanwhile
             ok = _wait_for(done, wait, f"rank {src} to compile")
             report.waited_seconds += time.perf_counter() - t0
             if not ok:

@@ -20,7 +20,6 @@ process restoring the pack answers each restored library exactly as the publishe
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 import subprocess
 import sys
@@ -28,25 +27,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("compile_cache")
-
 Answerer = Callable[[Any, str], "bool | None"]
 
 _answerers: list[Answerer] = []
 _observed: dict[str, bool] = {}  # realpath of a test library -> the answer this process used
 _counts = {"answered": 0, "asked_torch": 0}  # by an answerer / left to torch's own probe
 _lock = threading.Lock()
-_MARK = "_compile_cache_isa_hook"
-
-
-def has_load_probe() -> bool:
-    """Whether torch loads test libraries in a method of its own (``VecISA._probe_load``)."""
-    try:
-        from torch._inductor import cpu_vec_isa
-    except ImportError:
-        return False
-    probe = getattr(cpu_vec_isa.VecISA, "_probe_load", None)
-    return probe is not None
 
 
 def watch() -> bool:
@@ -112,21 +98,20 @@ def _install() -> bool:
     cls = cpu_vec_isa.VecISA
     probe = getattr(cls, "_probe_load", None)
     if probe is not None:
-        if getattr(probe, _MARK, False):
+        if _is_hook(probe):
             return True
 
         def _probe_load(self: Any, output_path: str) -> bool:
             path = os.path.realpath(output_path)
             return _answer(self, path, lambda: probe(self, output_path))
 
-        setattr(_probe_load, _MARK, True)
         _probe_load._compile_cache_original = probe  # type: ignore[attr-defined]
         cls._probe_load = _probe_load
         return True
     check_build = getattr(cls, "check_build", None)
     if check_build is None:
         return False
-    if getattr(check_build, _MARK, False):
+    if _is_hook(check_build):
         return True
 
     def _check_build(self: Any, code: str) -> bool:
@@ -136,7 +121,6 @@ def _install() -> bool:
             path = None
         return _answer(self, path, lambda: check_build(self, code))
 
-    setattr(_check_build, _MARK, True)
     _check_build._compile_cache_original = check_build  # type: ignore[attr-defined]
     cls.check_build = _check_build
     return True
@@ -229,8 +213,5 @@ def _original(function: Any) -> Any:
     return getattr(function, "_compile_cache_original", function)
 
 
-def _reset_for_tests() -> None:
-    with _lock:
-        _answerers.clear()
-        _observed.clear()
-        _counts.update(answered=0, asked_torch=0)
+def _is_hook(function: Any) -> bool:
+    return hasattr(function, "_compile_cache_original")

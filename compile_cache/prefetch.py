@@ -30,11 +30,15 @@ earlier attempts did change it: forcing ``cpp.vec_isa_ok``, and running torch's 
 thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
 
 ``COMPILE_CACHE_PREFETCH=0`` turns it off.
+
+:func:`import_compile_stack` is the other thing a cold compile waits for, Python imports, for a
+rank that waits for another rank's compile anyway.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import logging
 import os
@@ -55,7 +59,7 @@ ENV_SWITCH = "COMPILE_CACHE_PREFETCH"
 
 @dataclasses.dataclass
 class ProbePrefetch:
-    """What one background run did; ``done`` is set when every build has finished."""
+    """What one background run did (its counts are filled in when every build has finished)."""
 
     planned: int = 0  # test libraries torch's probe would build
     built: int = 0  # built here
@@ -65,12 +69,7 @@ class ProbePrefetch:
     cancelled: int = 0  # not started before cancel(): left to torch
     loads_answered: int = 0  # torch probes answered with a load done here
     seconds: float = 0.0
-    done: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Blocks until the background builds end; False if ``timeout`` passed first."""
-        return self.done.wait(timeout)
 
     def cancel(self) -> None:
         """Starts no further build: for a rank that will restore another rank's compile instead.
@@ -145,10 +144,10 @@ def start_probe_builds() -> ProbePrefetch | None:
         if load is not None and not isa_probe.add_answerer(_answer_from_prefetch):
             load = None
         work = []
-        for key, builder, isa in planned:
+        for key, builder, isa, target in planned:
             answer: Future[bool | None] = Future()
             if load is not None:
-                _load_answers[os.path.realpath(builder.get_target_file_path())] = answer
+                _load_answers[os.path.realpath(target)] = answer
             work.append((key, builder, isa, answer))
     thread = threading.Thread(
         target=_build_all, args=(work, record, load), name="compile_cache-isa-prefetch", daemon=True
@@ -157,8 +156,9 @@ def start_probe_builds() -> ProbePrefetch | None:
     return record
 
 
-def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
-    """(lock key, CppBuilder, ISA object) per test library torch's probe would build and not find."""
+def _plan_probe_builds() -> list[tuple[str, Any, Any, str]]:
+    """(lock key, CppBuilder, ISA object, path) per test library torch's probe would build and
+    not find."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return []
     # Imported here, on the caller's thread: two threads importing the compile stack at once can
@@ -171,12 +171,12 @@ def _plan_probe_builds() -> list[tuple[str, Any, Any]]:
     if cache_info is not None and cache_info().currsize:
         return []  # already probed in this process
     cpu_isas = cpu_vec_isa.x86_isa_checker()
-    planned: dict[str, tuple[str, Any, Any]] = {}
+    planned: dict[str, tuple[str, Any, Any, str]] = {}
 
     def record(isa: Any, code: str) -> None:
         key, builder, target = isa_probe.library_path(isa, code)
         if not os.path.isfile(target):
-            planned.setdefault(target, (key, builder, isa))
+            planned.setdefault(target, (key, builder, isa, target))
 
     amx_code = getattr(cpu_vec_isa.VecAMX, "_amx_code", None)
     for isa in cpu_vec_isa.supported_vec_isa_list:
@@ -220,7 +220,6 @@ def _build_all(
         record.cancelled = results.count("cancelled")
     finally:
         record.seconds = time.perf_counter() - start
-        record.done.set()
         log.debug("compile_cache: ISA probe prefetch %s", record)
 
 
@@ -250,10 +249,9 @@ def _build_and_load(
     stop: threading.Event | None = None,
 ) -> str:
     from torch._inductor.codecache import get_lock_dir
-    from torch._inductor.cpp_builder import normalize_path_separator
     from torch.utils._filelock import FileLock
 
-    target = normalize_path_separator(builder.get_target_file_path())
+    target = builder.get_target_file_path()  # Linux only (see _plan_probe_builds): no separators
     outcome = "failed"
     loaded: bool | None = None
     if stop is not None and stop.is_set():
@@ -284,8 +282,23 @@ def _build_and_load(
     return outcome
 
 
-def _reset_for_tests() -> None:
-    global _started
-    with _lock:
-        _started = None
-        _load_answers.clear()
+#: What the first Inductor compile of a process imports lazily (about a second on CPU).
+_COMPILE_STACK = (
+    "torch._dynamo.convert_frame",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+)
+
+
+def import_compile_stack() -> None:
+    """Imports the compile stack ahead of the first compile, for a rank that would sit idle.
+
+    A rank waiting for another rank's compile spends the time here instead of after the wait.
+    Failures are only logged: the compile imports what it needs anyway.
+    """
+    for name in _COMPILE_STACK:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # another torch version: nothing lost, the compile imports it
+            log.debug("compile_cache: could not import %s ahead of time: %s", name, exc)

@@ -27,6 +27,7 @@ Why not ``accelerate.utils.compile_regions`` or ``nn.Module.compile()`` as they 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -759,16 +760,18 @@ def compile_regions(
                     user_limit if user_limit is not None else torch._dynamo.config.recompile_limit
                 )
                 call_kwargs["recompile_limit"] = state.limit = max(int(base), size)
+            # One precompile package per group: the blocks share the group's code object, so the
+            # first block's package installs (and later saves) the entries for all of them; a
+            # package per block would deserialize the same entries once per block.
+            shares_package = use_precompile and code_name in packaged
             try:
-                if use_precompile and code_name in packaged:
-                    # One package per group: the blocks share the group's code object, so the
-                    # first block's package installs (and later saves) the entries for all of
-                    # them; a package per block would deserialize the same entries once per block.
-                    with torch._dynamo.config.patch(caching_precompile=False):
-                        compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
-                else:
+                with (
+                    torch._dynamo.config.patch(caching_precompile=False)
+                    if shares_package
+                    else contextlib.nullcontext()
+                ):
                     compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
-                    packaged.add(code_name)
+                packaged.add(code_name)
             except Exception as exc:  # torch's precompile loader does not catch everything
                 if not use_precompile:
                     raise
