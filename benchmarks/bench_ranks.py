@@ -55,7 +55,7 @@ def _child(variant: str, rank: int, port: int, out: str, layers: int, width: int
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import compile_cache
-    from compile_cache.artifacts import CompileCounters
+    from compile_cache.torch_compat.dynamo import CompileCounters
 
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False,
                           timeout=datetime.timedelta(seconds=1800))

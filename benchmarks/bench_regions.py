@@ -82,8 +82,8 @@ def _child(args: argparse.Namespace) -> dict:
         "threads": torch.get_num_threads(),
     }
     prefetch = sys.modules.get("compile_cache.prefetch")
-    if prefetch is not None and prefetch._started is not None:
-        run = prefetch._started
+    if prefetch is not None and prefetch.current() is not None:
+        run = prefetch.current()
         result["isa_prefetch"] = {
             "built": run.built,
             "loads_answered": run.loads_answered,

@@ -2,14 +2,17 @@
 
 Regional compilation keyed by a native fingerprint of the module tree, and an on-disk artifact
 store that lets a fresh process, rank or node restore what an earlier compile produced.
+
+The public names below are loaded on first use (PEP 562): ``import compile_cache`` imports
+neither torch nor the compile stack, so the store's command line starts in well under a second.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
-from .cache import CacheReport, last_report
-from .distributed import warm_up
 from .errors import (
     BackendUnavailableError,
     CompileCacheError,
@@ -20,13 +23,40 @@ from .errors import (
     UnsafePathError,
     UnsafeStoreError,
 )
-from .fingerprint import Fingerprint, backend, fingerprint, fingerprint_tree
-from .regions import RegionPlan, compile_regions, get_plan, plan_regions, region_stats
-from .store import Store
+from .fingerprint import Fingerprint, fingerprint, fingerprint_tree
 
 logging.getLogger("compile_cache").addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it (imported when the name is first read)
+_LAZY: dict[str, str] = {
+    "CacheReport": "cache",
+    "last_report": "cache",
+    "compile_regions": "regions",
+    "warm_up": "distributed",
+    "RegionPlan": "regions",
+    "get_plan": "regions",
+    "plan_regions": "regions",
+    "region_stats": "regions",
+    "Store": "store",
+    "backend": "fingerprint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if name != "backend":  # chosen once, but read through the module so a failure is not cached
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BackendUnavailableError",

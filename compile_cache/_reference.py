@@ -35,6 +35,9 @@ import torch
 import xxhash
 from torch import nn
 
+from .torch_compat.tensors import OTHER_LAYOUT as _OTHER_LAYOUT
+from .torch_compat.tensors import layout_codes
+
 MAGIC = b"ccfp1"
 DIGEST_SIZE = 16
 
@@ -44,17 +47,8 @@ MODULE_INTERNAL_ATTRIBUTES: frozenset[str] = frozenset(nn.Module().__dict__) | {
     "forward",
 }
 
-LAYOUT_CODES: dict[torch.layout, int] = {
-    torch.strided: 0,
-    torch.sparse_coo: 1,
-    torch.sparse_csr: 2,
-    torch.sparse_csc: 3,
-    torch.sparse_bsr: 4,
-    torch.sparse_bsc: 5,
-    torch._mkldnn: 6,  # type: ignore[attr-defined]
-    torch.jagged: 7,
-}
-OTHER_LAYOUT = 255
+LAYOUT_CODES: dict[torch.layout, int] = layout_codes()  # torch_compat: torch may drop a layout
+OTHER_LAYOUT = _OTHER_LAYOUT
 
 _u32 = struct.Struct("<I").pack
 _i64 = struct.Struct("<q").pack

@@ -1,7 +1,6 @@
-"""Capture what a compile wrote into torch's local caches, and restore it elsewhere.
+"""Pack members <-> files in torch's local caches: capture what a compile added, restore it elsewhere.
 
-This is the only module of compile_cache that knows torch's cache internals. A *pack* is a plain
-``dict[str, bytes]`` of members:
+A *pack* is a plain ``dict[str, bytes]`` of members:
 
 ``inductor/<relative path>``
     a file under the local Inductor cache dir (``TORCHINDUCTOR_CACHE_DIR``, default
@@ -10,55 +9,46 @@ This is the only module of compile_cache that knows torch's cache internals. A *
 ``triton/<relative path>``
     a file under ``TRITON_CACHE_DIR`` when it is set outside the Inductor dir (otherwise Triton's
     files sit under ``inductor/triton/...`` and travel as Inductor members).
-``megacache/artifacts.bin``
-    optional: the bytes of ``torch.compiler.save_cache_artifacts()``; load them with
-    :func:`load_megacache`. On CPU they add nothing once the files are restored (the compiled
-    ``.so`` files are not in them); on GPU they carry the Triton kernels inside the FX entries.
 
-Why files and not only the Mega-Cache: on CPU the Mega-Cache lacks the compiled C++ ``.so`` files,
-so a fresh cache dir rebuilds them with g++; the local cache dir is relocatable, so copying the
-files a compile added gives a full hit on a new node.
+Why files and not torch's Mega-Cache (``save_cache_artifacts``): on CPU it lacks the compiled
+C++ ``.so`` files, so a fresh cache dir rebuilds them with g++; the local cache dir is
+relocatable, so copying the files a compile added gives a full hit on a new node.
 
 Permissions travel by rule, not in the pack: :func:`restore` writes shared libraries (``.so``,
 ``.dylib``, ``.pyd``, ``.dll``) with mode ``0o755`` and everything else with ``0o644`` (both
 subject to the umask); a caller that knows better passes ``modes`` (member -> permission bits).
+
+Where torch keeps its cache dir, and its ISA probe, are asked of :mod:`compile_cache.torch_compat`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import logging
 import os
-import re
 import stat
-import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import isa_probe
 from ._paths import atomic_write, check_member_name
 from .errors import UnsafePathError
+from .torch_compat import dynamo, inductor_cache, isa
 
 log = logging.getLogger("compile_cache.artifacts")
 
 __all__ = [
-    "MEGACACHE_MEMBER",
     "Capture",
-    "CompileCounters",
     "RestoreResult",
     "default_mode",
     "is_skipped",
-    "load_megacache",
+    "isa_probe_answers",
     "local_cache_dirs",
-    "precompile_options",
     "restore",
+    "trust_restored_isa_answers",
     "validate_member",
 ]
 
-MEGACACHE_MEMBER = "megacache/artifacts.bin"
 _EXECUTABLE_SUFFIXES = (".so", ".dylib", ".pyd", ".dll")
 # Directories under a cache root whose content is never worth carrying: lock files, and Inductor's
 # own temporary files.
@@ -80,41 +70,10 @@ def local_cache_dirs() -> dict[str, Path]:
     creates it). The Triton dir is ``TRITON_CACHE_DIR`` when set, else ``<inductor>/triton``,
     where Inductor points Triton (then it is nested and its files are captured as ``inductor/``).
     """
-    inductor = Path(_inductor_cache_dir())
+    inductor = Path(inductor_cache.cache_dir())
     triton_env = os.environ.get("TRITON_CACHE_DIR")
     triton = Path(os.path.abspath(triton_env)) if triton_env else inductor / "triton"
     return {"inductor": inductor, "triton": triton}
-
-
-def _inductor_cache_dir() -> str:
-    """Torch's Inductor cache dir, without importing ``torch._inductor`` when it is not loaded.
-
-    ``import torch._inductor`` costs ~1 s on a cold process; torch pays it anyway at the first
-    compile, but restore runs before that. When the module is loaded, its answer is used as is;
-    otherwise its rule (torch 2.8-2.13) is replicated: ``TORCHINDUCTOR_CACHE_DIR`` or
-    ``<tmp>/torchinductor_<user>`` (``/var/tmp`` in fbcode), made absolute.
-    """
-    mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
-    if mod is not None:
-        return str(mod.cache_dir())
-    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env is None:
-        try:
-            from torch._environment import is_fbcode
-        except ImportError:  # pragma: no cover
-
-            def is_fbcode() -> bool:
-                return False
-
-        try:
-            user = getpass.getuser()
-        except (KeyError, ModuleNotFoundError, OSError):
-            getuid = getattr(os, "getuid", None)
-            user = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
-        user = re.sub(r'[\\/:*?"<>|]', "_", user)
-        base = "/var/tmp" if is_fbcode() else tempfile.gettempdir()
-        env = os.path.join(base, "torchinductor_" + user)
-    return os.path.abspath(env)
 
 
 def _roots(dirs: Mapping[str, Path] | None) -> list[tuple[str, Path]]:
@@ -156,58 +115,6 @@ def is_skipped(relpath: str) -> bool:
         return True
     # Inductor's write_atomic temporaries: ".<pid>.<thread>.tmp"; other hidden partial files.
     return name.startswith(".")
-
-
-# --------------------------------------------------------------------------------------------
-# Counters
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileCounters:
-    """Hit/miss counts of torch's local FX-graph and AOTAutograd caches at one moment.
-
-    Take a snapshot before a compile and ``diff`` one after: a local-cache hit shows as
-    ``fxgraph_hit >= 1`` and ``fxgraph_miss == 0``.
-    """
-
-    fxgraph_hit: int = 0
-    fxgraph_miss: int = 0
-    fxgraph_bypass: int = 0
-    autograd_hit: int = 0
-    autograd_miss: int = 0
-
-    @classmethod
-    def snapshot(cls) -> CompileCounters:
-        """Read ``torch._dynamo.utils.counters`` now."""
-        from torch._dynamo.utils import counters
-
-        ind = counters["inductor"]
-        aot = counters["aot_autograd"]
-        return cls(
-            fxgraph_hit=int(ind["fxgraph_cache_hit"]),
-            fxgraph_miss=int(ind["fxgraph_cache_miss"]),
-            fxgraph_bypass=int(ind["fxgraph_cache_bypass"]),
-            autograd_hit=int(aot["autograd_cache_hit"]),
-            autograd_miss=int(aot["autograd_cache_miss"]),
-        )
-
-    def diff(self, before: CompileCounters) -> CompileCounters:
-        """The counts added since ``before``."""
-        return CompileCounters(
-            **{
-                f.name: getattr(self, f.name) - getattr(before, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
-
-    @property
-    def hit(self) -> bool:
-        """True when the compile hit the local FX-graph cache and missed nothing."""
-        return self.fxgraph_hit > 0 and self.fxgraph_miss == 0
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain dict, for logs and JSON."""
-        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,51 +178,21 @@ class Capture:
             name: path for name, (path, st) in sorted(now.items()) if self._before.get(name) != st
         }
 
-    def collect(self, megacache: bool = False) -> dict[str, bytes]:
+    def collect(self) -> dict[str, bytes]:
         """Member name -> bytes of every file added or changed since the snapshot.
 
-        With ``megacache=True`` the pack also holds ``megacache/artifacts.bin`` from
-        ``torch.compiler.save_cache_artifacts()`` (when it returns anything). A file that vanished
-        between the walk and the read is left out.
+        With Dynamo's caching precompile on, torch first writes its precompile entries to the
+        local dir (they are files like the rest). A file that vanished between the walk and the
+        read is left out.
         """
+        dynamo.save_precompile_entries()  # before the walk: it writes <inductor>/dynamo/...
         members: dict[str, bytes] = {}
-        blob = b""
-        if megacache or _precompile_enabled():
-            # save_cache_artifacts also writes the Dynamo precompile entries (with
-            # caching_precompile) to <inductor>/dynamo/<source id>/entry: call it before the walk.
-            import torch
-
-            saved = torch.compiler.save_cache_artifacts()
-            if saved is not None and saved[0]:
-                blob = saved[0]
         for name, path in self.changed().items():
             try:
                 members[name] = path.read_bytes()
             except OSError as e:  # removed or replaced meanwhile: not ours to carry
                 log.debug("capture: skipping %s: %s", path, e)
-        if megacache and blob:
-            members[MEGACACHE_MEMBER] = blob
         return members
-
-
-def _precompile_enabled() -> bool:
-    dynamo_config = sys.modules.get("torch._dynamo.config")
-    return bool(getattr(dynamo_config, "caching_precompile", False))
-
-
-def load_megacache(members: Mapping[str, bytes]) -> bool:
-    """Hot-load the pack's Mega-Cache bytes, if any; False when absent or torch rejects them."""
-    data = members.get(MEGACACHE_MEMBER)
-    if not data:
-        return False
-    import torch
-
-    try:
-        torch.compiler.load_cache_artifacts(data)
-    except Exception as e:  # a bad blob is a miss, never a crash
-        log.warning("compile_cache: could not load Mega-Cache artifacts: %s", e)
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,7 +205,6 @@ class RestoreResult:
 
     written: list[str] = dataclasses.field(default_factory=list)
     present: list[str] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)
     bytes_written: int = 0
 
 
@@ -377,8 +253,7 @@ def restore(
 
     Every member name is checked before anything is written (:class:`UnsafePathError` names the
     first bad one): it must be ``<label>/<relative path>`` with a known label, no absolute path,
-    no ``..``/``.``/empty parts, and no existing link on the way. ``megacache/...`` members are not
-    files and are skipped (load them with :func:`load_megacache`). A file that already exists
+    no ``..``/``.``/empty parts, and no existing link on the way. A file that already exists
     with the same bytes is left alone (idempotent); otherwise the bytes go to a unique temporary
     name in the target dir and ``os.replace`` publishes them, so processes restoring the same pack
     concurrently never see a partial file. ``modes`` overrides :func:`default_mode` per member.
@@ -388,9 +263,6 @@ def restore(
     result = RestoreResult()
     for name, data in members.items():
         label, rel = validate_member(name)
-        if label == "megacache":
-            result.skipped.append(name)
-            continue
         root = roots.get(label)
         if root is None:
             raise UnsafePathError(f"pack member {name!r} has unknown label {label!r}")
@@ -435,37 +307,15 @@ def _umask() -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Precompile (Dynamo tracing skipped)
-#
-# With torch._dynamo.config.caching_precompile, save_cache_artifacts() writes a Dynamo entry to
-# <inductor>/dynamo/<sha256(forward qualname + first line)>/entry, holding the guards, the traced
-# bytecode and the compiled backend (bundled AOTAutograd entry): a process that finds it skips
-# tracing. The key names only the function; regions.py gives each region group a code object of
-# its own (named after its fingerprint), so groups and models never share an entry.
-
-
-def precompile_options() -> dict[str, Any]:
-    """``options=`` for ``torch.compile``/``module.compile`` when precompile is used.
-
-    Portable guards only (tensor metadata, shape env, global state): the default guard set holds
-    class-identity guards that cannot be serialised (``CLASS_MATCH guard cannot be serialized`` on
-    GPT-2 blocks). What the dropped guards checked is covered by the fingerprint in our key.
-    """
-    import torch
-
-    return {"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
-
-
-# --------------------------------------------------------------------------------------------
 # Inductor's CPU instruction-set probe
 #
 # Every new process, Inductor checks each candidate vector ISA by building a test library (cached
-# in the local dir, so a restore brings it) and loading it in a child Python (isa_probe.py has
-# the details): 0.2 s (torch 2.13) to 1.5 s (torch 2.11, whose child imports torch) per library.
+# in the local dir, so a restore brings it) and loading it in a child Python (torch_compat/isa.py
+# has the details): 0.2 s (torch 2.13) to 1.5 s (torch 2.11, whose child imports torch) per library.
 # The publisher records the answer its own probe gave for each library (isa_probe_answers(), in
 # the pack's metadata); a process that restored the pack gives exactly that answer for exactly
 # those restored files, without the child process. The key pins the torch build and the CPU's
-# instruction set (environment.py's cpu_capability), so the ISA Inductor picks, its flags, and
+# instruction set (the environment key's cpu_capability), so the ISA Inductor picks, its flags, and
 # with them every kernel key, are the same; a library the pack did not bring, or one the
 # publisher's probe never saw, is still probed by torch.
 
@@ -481,7 +331,7 @@ def isa_probe_answers(dirs: Mapping[str, Path] | None = None) -> dict[str, bool]
     """
     answers: dict[str, bool] = {}
     roots = [(label, Path(os.path.realpath(root))) for label, root in _roots(dirs)]
-    for path, answer in isa_probe.observed().items():
+    for path, answer in isa.observed().items():
         for label, root in roots:
             if _is_within(Path(path), root):
                 answers[f"{label}/{Path(path).relative_to(root).as_posix()}"] = answer
@@ -500,12 +350,18 @@ def trust_restored_isa_answers(answers: Mapping[str, bool]) -> int:
         for name, answer in answers.items()
         if name in _restored_libraries and isinstance(answer, bool)
     }
-    if not trusted or not isa_probe.add_answerer(_answer_restored):
+    if not trusted or not isa.add_answerer(_answer_restored):
         return 0
     _trusted_answers.update(trusted)
     log.debug("Inductor's ISA probe: %d restored libraries answered as published", len(trusted))
     return len(trusted)
 
 
-def _answer_restored(isa: Any, path: str) -> bool | None:
+def _answer_restored(isa_object: Any, path: str) -> bool | None:
     return _trusted_answers.get(path)
+
+
+def _reset() -> None:
+    """Forget restored libraries and trusted probe answers (tests)."""
+    _restored_libraries.clear()
+    _trusted_answers.clear()

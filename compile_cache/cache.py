@@ -16,25 +16,23 @@ import logging
 import os
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import artifacts, isa_probe
+from . import _warnings, artifacts, config, torch_compat
 from ._sizes import format_size
 from .environment import environment_digest
-from .errors import CompileCacheError, ConfigError, UnsafeStoreError
+from .errors import CompileCacheError, UnsafeStoreError
 from .fingerprint import fingerprint
 from .store import Store
+from .torch_compat import dynamo, isa
 
 logger = logging.getLogger("compile_cache")
 
 KEY_FORMAT = 1
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 @dataclasses.dataclass
@@ -59,6 +57,12 @@ class CacheReport:
         """True when packs were restored and no forward so far had to compile anything new."""
         return self.restored_packs > 0 and self.fxgraph_misses == 0
 
+    @property
+    def degraded(self) -> list[str]:
+        """The torch capabilities this process found missing (``torch_compat``; each warned
+        once): what the compile ran without."""
+        return torch_compat.degraded()
+
     def summary(self) -> str:
         """One line for logs and the demo."""
         parts = []
@@ -78,11 +82,15 @@ class CacheReport:
             )
         if self.errors:
             parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")
+        degraded = self.degraded
+        if degraded:
+            parts.append(f"without torch capabilities {', '.join(degraded)}")
         return f"key {self.key[:12]}: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["hit"] = self.hit
+        data["degraded"] = self.degraded
         return data
 
 
@@ -99,24 +107,19 @@ def precompile_requested(precompile: bool | None) -> bool:
     """``precompile`` if given, else ``COMPILE_CACHE_PRECOMPILE`` (default off)."""
     if precompile is not None:
         return bool(precompile)
-    raw = os.environ.get("COMPILE_CACHE_PRECOMPILE", "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigError(f"COMPILE_CACHE_PRECOMPILE={raw!r} is not a boolean; use 1 or 0")
+    return bool(config.PRECOMPILE.value())
 
 
 def with_precompile(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     """``torch.compile`` keywords that also save and load Dynamo's traced code (precompile).
 
-    Turns on ``torch._dynamo.config.caching_precompile`` for the process and keeps only portable
-    guards: the class and identity guards it drops are what our fingerprint key already checks,
-    and each region group has its own code object, so groups never share a precompiled entry.
+    Turns on Dynamo's caching precompile for the process and keeps only portable guards: the
+    class and identity guards it drops are what our fingerprint key already checks, and each
+    region group has its own code object, so groups never share a precompiled entry.
     """
-    torch._dynamo.config.caching_precompile = True
     kwargs = dict(compile_kwargs)
-    kwargs["options"] = {**(kwargs.get("options") or {}), **artifacts.precompile_options()}
+    if dynamo.enable_precompile():
+        kwargs["options"] = {**(kwargs.get("options") or {}), **dynamo.precompile_options()}
     return kwargs
 
 
@@ -172,8 +175,11 @@ class CacheSession:
                 f"{g.class_name.rsplit('.', 1)[-1]} x{g.size}" for g in getattr(plan, "groups", ())
             ),
         }
+        kwargs = getattr(plan, "compile_kwargs", None) or {}
+        #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
+        self._inductor = kwargs.get("backend", "inductor") == "inductor"
         self._capture: artifacts.Capture | None = None
-        self._counters = artifacts.CompileCounters.snapshot()
+        self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.Lock()
         #: Merged into the header metadata of packs published from now on (the distributed
         #: warm-up tags its packs with the signature of its example inputs).
@@ -217,12 +223,12 @@ class CacheSession:
         elif self.report.restored_packs > before:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         self._capture = artifacts.Capture()
-        self._counters = artifacts.CompileCounters.snapshot()
+        self._counters = dynamo.CompileCounters.snapshot()
 
     # -- after forwards ---------------------------------------------------------------------
     def after_forward(self, seconds: float) -> None:
         """Publishes what a forward compiled; a forward that compiled nothing costs a few lookups."""
-        now = artifacts.CompileCounters.snapshot()
+        now = dynamo.CompileCounters.snapshot()
         if now == self._counters:
             return
         with self._lock:
@@ -230,6 +236,8 @@ class CacheSession:
             self._counters = now
             self.report.fxgraph_hits += diff.fxgraph_hit
             self.report.fxgraph_misses += diff.fxgraph_miss
+            if self._inductor:
+                dynamo.check_counters(diff)
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
                 return
             self._publish(self._capture or artifacts.Capture(), seconds)
@@ -292,7 +300,7 @@ class CacheSession:
     def _error(self, kind: str, message: str) -> None:
         self.report.errors.append(f"{kind}: {message}")
         self.store.record_error(kind)
-        warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}", stacklevel=3)
+        _warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}")
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
@@ -390,12 +398,12 @@ def open_session(
     except UnsafeStoreError:
         raise
     except (CompileCacheError, OSError) as exc:
-        warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}", stacklevel=3)
+        _warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}")
         return None
     _count_backend_fallback(store)
     key = entry_key(model, plan, compile_kwargs, precompile)
     session = CacheSession(store, key, model, precompile, plan)
-    isa_probe.watch()  # what this process's probe answers goes into its packs
+    isa.watch()  # what this process's probe answers goes into its packs
     try:
         session.restore()
     except OSError as exc:
@@ -404,6 +412,14 @@ def open_session(
         _last_report = session.report
     logger.info("compile_cache: %s", session.report.summary())
     return session
+
+
+def _reset() -> None:
+    """Forget the last report and the counted backend fallbacks (tests)."""
+    global _last_report
+    with _report_lock:
+        _last_report = None
+    _fallbacks_counted.clear()
 
 
 __all__ = [

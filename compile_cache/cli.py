@@ -28,23 +28,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import config
 from ._sizes import format_age, format_size, parse_age, parse_size
 from .errors import CompileCacheError, ConfigError
 
 PROG = "compile-cache"
-_ENV_VARS: tuple[tuple[str, str], ...] = (
-    ("COMPILE_CACHE_DIR", "store location (after --cache-dir; before XDG_CACHE_HOME and ~/.cache)"),
-    ("COMPILE_CACHE_MAX_SIZE", "size cap, e.g. 20G; 0 = no cap (default 20G)"),
-    ("COMPILE_CACHE_SHARED", "'group': group-shared store (umask 002, setgid dirs)"),
-    ("COMPILE_CACHE_READ_ONLY", "1: restore only, never write"),
-    ("COMPILE_CACHE_LOCK", "lock mode override: fcntl, mkdir or none (default: by filesystem)"),
-    ("COMPILE_CACHE_SIGNING_KEY", "HMAC key: sign packs, reject unsigned or altered ones"),
-    ("COMPILE_CACHE_BACKEND", "fingerprint backend: native or python (default: native if it loads)"),
-    ("COMPILE_CACHE_PRECOMPILE", "1: also cache Dynamo's traced code (precompile=None only)"),
+#: torch's variables doctor shows next to compile_cache's registry (compile_cache.config)
+_TORCH_VARS: tuple[tuple[str, str], ...] = (
     ("TORCHINDUCTOR_CACHE_DIR", "torch's local Inductor cache (packs are restored into it)"),
     ("TRITON_CACHE_DIR", "Triton's local kernel cache (packs are restored into it)"),
 )
-_SECRET_VARS = {"COMPILE_CACHE_SIGNING_KEY"}
 
 
 class UsageError(CompileCacheError):
@@ -446,7 +439,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "default": "default (~/.cache/compile_cache)",
     }.get(source, source)
     problems: list[str] = []
-    shared = os.environ.get("COMPILE_CACHE_SHARED", "").strip().lower() == "group"
+    try:
+        shared = bool(config.SHARED.value())
+    except ConfigError as exc:
+        shared = False
+        problems.append(str(exc))
     exists = root.is_dir()
     if os.path.lexists(root) and not exists:
         problems.append(f"{root} exists and is not a directory")
@@ -477,17 +474,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if not os.access(parent, os.W_OK | os.X_OK):
             problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
 
+    from .torch_compat import capabilities
+
+    caps = [{"name": c.name, "available": c.available, "detail": c.detail} for c in capabilities()]
     env = environment()
     hazards = cross_rank_hazards()
     backend = _backend_info()
-    variables = []
-    for name, meaning in _ENV_VARS:
+    variables = config.describe()
+    problems.extend(v["error"] for v in variables if v["error"] and v["error"] not in problems)
+    for name, meaning in _TORCH_VARS:
         value = os.environ.get(name)
-        if name in _SECRET_VARS:
-            shown = "set" if value else "unset"
-        else:
-            shown = value if value is not None else "unset"
-        variables.append({"name": name, "value": shown, "meaning": meaning})
+        variables.append({"name": name, "value": value if value is not None else "unset",
+                          "source": "environment" if value is not None else "default",
+                          "default": "torch's", "allowed": "a directory path", "meaning": meaning,
+                          "error": None})
 
     data = {
         "version": __version__,
@@ -500,6 +500,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "fingerprint": backend,
         "torch": {"version": torch.__version__, "git": getattr(torch.version, "git_version", None)},
         "variables": variables,
+        "capabilities": caps,
         "problems": problems,
     }
     if args.json:
@@ -549,9 +550,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
          else f"not recorded in the extension (running torch {torch.__version__})"),
     ]
     print(_pairs(fb_rows, "  "))
+    print("\nTorch capabilities (private torch API compile_cache uses; a missing one degrades, "
+          "with one warning)")
+    print(_table(("  CAPABILITY", "STATE", "DETAIL"),
+                 [(f"  {c['name']}", "available" if c["available"] else "MISSING", c["detail"])
+                  for c in caps]))
     print("\nEnvironment variables (precedence: command-line argument > variable > default)")
-    print(_table(("  VARIABLE", "VALUE", "MEANING"),
-                 [(f"  {v['name']}", v["value"], v["meaning"]) for v in variables]))
+    print(_table(("  VARIABLE", "VALUE", "SOURCE", "DEFAULT", "MEANING"),
+                 [(f"  {v['name']}", v["value"], v["source"], v["default"], v["meaning"])
+                  for v in variables]))
     if problems:
         print("\nProblems")
         for p in problems:

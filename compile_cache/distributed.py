@@ -79,22 +79,21 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import secrets
 import socket
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import artifacts, prefetch
+from . import _warnings, config, prefetch
 from .cache import CacheSession, session_for
 from .environment import environment
-from .errors import ConfigError, LockTimeoutError
+from .errors import LockTimeoutError
 from .regions import get_plan
+from .torch_compat import c10d, dynamo
 
 logger = logging.getLogger("compile_cache")
 
@@ -110,8 +109,6 @@ __all__ = [
 ]
 
 MODES: tuple[str, ...] = ("shared", "broadcast", "off")
-DEFAULT_WAIT_TIMEOUT = 1800.0
-DEFAULT_LOCK_TIMEOUT = 300.0
 _PREFIX = "compile_cache"
 _warned_hazards = False
 _lazy_note_logged = False
@@ -125,35 +122,9 @@ _last_warm_up: WarmUpReport | None = None
 
 def resolve_mode(mode: str | None = None) -> str:
     """``mode`` if given, else ``COMPILE_CACHE_DISTRIBUTED``, else ``shared``; checked."""
-    raw = mode if mode is not None else os.environ.get("COMPILE_CACHE_DISTRIBUTED", "")
-    value = (raw or "shared").strip().lower()
-    if value in ("0", "no", "false", "none"):
-        value = "off"
-    if value not in MODES:
-        raise ConfigError(
-            f"COMPILE_CACHE_DISTRIBUTED / distributed={raw!r}: expected one of {', '.join(MODES)}"
-        )
-    return value
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from exc
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be positive")
-    return value
-
-
-def _scope() -> str:
-    value = os.environ.get("COMPILE_CACHE_BROADCAST_SCOPE", "rank").strip().lower() or "rank"
-    if value not in ("rank", "node"):
-        raise ConfigError(f"COMPILE_CACHE_BROADCAST_SCOPE={value!r}: expected 'rank' or 'node'")
-    return value
+    if mode is not None and mode.strip():
+        return config.DISTRIBUTED.parse(mode, "distributed")
+    return config.DISTRIBUTED.value()
 
 
 def is_active() -> bool:
@@ -290,7 +261,7 @@ def _run_local(
     model: nn.Module, example_inputs: Any, train: bool, session: CacheSession | None
 ) -> tuple[int, int, float]:
     """One warm-up on this rank: (FX-graph hits, FX-graph misses, seconds)."""
-    before = artifacts.CompileCounters.snapshot()
+    before = dynamo.CompileCounters.snapshot()
     start = time.perf_counter()
     with _preserved(model, train):
         if train:
@@ -307,7 +278,7 @@ def _run_local(
     seconds = time.perf_counter() - start
     if session is not None:
         session.after_forward(seconds)  # the backward compiled after the forward hook ran
-    diff = artifacts.CompileCounters.snapshot().diff(before)
+    diff = dynamo.CompileCounters.snapshot().diff(before)
     return diff.fxgraph_hit, diff.fxgraph_miss, seconds
 
 
@@ -316,12 +287,7 @@ def _run_local(
 
 
 def _c10d_store() -> Any | None:
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return _get_default_store()
-    except Exception:  # private API moved, or no default store: fall back to collectives
-        return None
+    return c10d.default_store()  # None: no store (or torch moved it): fall back to collectives
 
 
 def _wait_for(key: str, timeout: float, what: str) -> bool:
@@ -456,8 +422,7 @@ def check_hazards(infos: list[dict[str, Any]]) -> list[str]:
         _warned_hazards = True
         for message in hazards:
             msg = f"compile_cache: {message}"
-            logger.warning("%s", msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            _warnings.warn(msg, RuntimeWarning)
     return hazards
 
 
@@ -542,7 +507,7 @@ def warm_up(
     session = session_for(target)
     train = target.training if train is None else bool(train)
     mode = resolve_mode(mode)
-    wait = float(timeout) if timeout is not None else _seconds("COMPILE_CACHE_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT)
+    wait = float(timeout) if timeout is not None else config.WAIT_TIMEOUT.value()
     key = session.key if session is not None else None
     start = time.perf_counter()
     if not is_active() or mode == "off":
@@ -581,6 +546,14 @@ def warm_up(
     return _remember(report)
 
 
+def _reset() -> None:
+    """Forget the last warm-up and the one-time hazard warning and note (tests)."""
+    global _last_warm_up, _warned_hazards, _lazy_note_logged
+    _last_warm_up = None
+    _warned_hazards = False
+    _lazy_note_logged = False
+
+
 def _remember(report: WarmUpReport) -> WarmUpReport:
     global _last_warm_up
     _last_warm_up = report
@@ -616,7 +589,7 @@ def _compile_under_lock(
     report: WarmUpReport, model: nn.Module, inputs: Any, train: bool, session: CacheSession, sig: str
 ) -> None:
     """The leader's compile: under the store's lock, unless another job did it meanwhile."""
-    lock_timeout = _seconds("COMPILE_CACHE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT)
+    lock_timeout = config.LOCK_TIMEOUT.value()
     lock = session.store.lock(session.key, timeout=lock_timeout)
     held = False
     try:
@@ -733,7 +706,7 @@ def _broadcast(
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    node = _scope() == "node"
+    node = config.BROADCAST_SCOPE.value() == "node"
     leaders = _node_leaders(infos)
     if node:
         members = tuple(sorted(leaders.values()))

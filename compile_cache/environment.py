@@ -23,23 +23,11 @@ import re
 import sys
 from typing import Any
 
+from .torch_compat import configs as torch_configs
+from .torch_compat import isa
+
 __all__ = ["cross_rank_hazards", "environment", "environment_digest"]
 
-# Dynamo settings that only steer logging, debugging or where files go: not part of the key
-# (some hold absolute paths, which would split the key per working directory).
-_DYNAMO_IGNORE_PREFIXES = (
-    "_",
-    "base_dir",
-    "debug",
-    "log",
-    "repro",
-    "verbose",
-    "cprofile",
-    "print_",
-    "report_",
-    "verify_correctness",
-    "replay_record",
-)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -66,13 +54,10 @@ def _canonical(value: Any) -> Any:
     return _ADDRESS.sub("", repr(value))
 
 
-def _config_digest(cfg: Any, ignore_prefixes: tuple[str, ...] = ()) -> str:
-    """sha256 (first 32 hex) of a torch config module's portable dict, canonicalised."""
-    try:
-        data = cfg.save_config_portable(ignore_private_configs=False, readonly_values=True)
-    except TypeError:  # older signature
-        data = cfg.save_config_portable()
-    data = {k: v for k, v in data.items() if not k.startswith(ignore_prefixes)}
+def _config_digest(data: dict[str, Any] | None) -> str:
+    """sha256 (first 32 hex) of a torch config's portable dict, canonicalised."""
+    if data is None:  # torch_compat's configs capability is missing (warned)
+        return "unavailable"
     blob = json.dumps(_canonical(data), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
@@ -101,14 +86,7 @@ def _cpu_capability() -> str:
         parts.append(str(torch.backends.cpu.get_cpu_capability()))
     except Exception:
         parts.append("unknown")
-    for flag in ("avx2", "avx512", "vnni", "amx_tile", "arm_sve"):
-        probe = getattr(torch.cpu, f"_is_{flag}_supported", None)
-        if probe is not None:
-            try:
-                if probe():
-                    parts.append(flag)
-            except Exception:
-                pass
+    parts.extend(isa.cpu_isa_flags())
     return "+".join(parts)
 
 
@@ -119,10 +97,8 @@ def environment() -> dict[str, str]:
     torch is imported (it reads configs, never compiles, never initialises CUDA when absent).
     """
     import torch
-    import torch._dynamo.config as dynamo_config
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
 
+    configs = torch_configs.portable_configs()
     env: dict[str, str] = {
         "torch": torch.__version__,
         "torch_git": str(getattr(torch.version, "git_version", "")),
@@ -139,9 +115,9 @@ def environment() -> dict[str, str]:
         "deterministic": f"{torch.are_deterministic_algorithms_enabled()}/"
         f"{torch.is_deterministic_algorithms_warn_only_enabled()}",
         "cpu_capability": _cpu_capability(),
-        "inductor_config": _config_digest(inductor_config),
-        "functorch_config": _config_digest(functorch_config),
-        "dynamo_config": _config_digest(dynamo_config, _DYNAMO_IGNORE_PREFIXES),
+        "inductor_config": _config_digest(configs["inductor_config"]),
+        "functorch_config": _config_digest(configs["functorch_config"]),
+        "dynamo_config": _config_digest(configs["dynamo_config"]),
     }
     env["cuda_available"] = "0"
     try:

@@ -1,25 +1,25 @@
 """Fingerprints of module trees: the identity every cache key in compile_cache is built from.
 
 Two backends give byte-for-byte the same digests: the native one (``compile_cache._C``, C++) and
-the pure-Python reference (``compile_cache._reference``). The native one is chosen at import when
-it loads; ``COMPILE_CACHE_BACKEND=python|native`` forces one. An unforced native backend that fails
-to load falls back to Python with one warning, and the fallback is counted (``backend_fallbacks``).
+the pure-Python reference (``compile_cache._reference``). The backend is chosen once, when a
+fingerprint is first needed (not at ``import compile_cache``): the native one when it loads;
+``COMPILE_CACHE_BACKEND=python|native`` forces one. An unforced native backend that fails to load
+falls back to Python with one warning, and the fallback is counted (``backend_fallbacks``).
+``backend``, ``backend_fallbacks`` (module attributes) choose it when first read.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import warnings
+import threading
+from typing import Any
 
-from torch import nn
+from . import _warnings, config
+from .errors import BackendUnavailableError
 
-from . import _reference
-from .errors import BackendUnavailableError, ConfigError
+#: Bytes in a digest (the reference backend's DIGEST_SIZE; checked when a backend loads).
+DIGEST_SIZE = 16
 
-logger = logging.getLogger("compile_cache")
-
-__all__ = ["Fingerprint", "backend", "backend_fallbacks", "fingerprint", "fingerprint_tree"]
+__all__ = ["Fingerprint", "fingerprint", "fingerprint_tree"]  # and backend, backend_fallbacks
 
 
 class Fingerprint:
@@ -28,10 +28,8 @@ class Fingerprint:
     __slots__ = ("_digest",)
 
     def __init__(self, digest: bytes) -> None:
-        if type(digest) is not bytes or len(digest) != _reference.DIGEST_SIZE:
-            raise ValueError(
-                f"a Fingerprint needs {_reference.DIGEST_SIZE} bytes, got {digest!r}"
-            )
+        if type(digest) is not bytes or len(digest) != DIGEST_SIZE:
+            raise ValueError(f"a Fingerprint needs {DIGEST_SIZE} bytes, got {digest!r}")
         object.__setattr__(self, "_digest", digest)
 
     @classmethod
@@ -83,12 +81,11 @@ def _trusted_fingerprint(digest: bytes) -> Fingerprint:
 
 
 def _load_backend() -> tuple[str, object, int]:
-    """Chooses the backend once, at import; returns (name, implementation, fallbacks)."""
-    requested = os.environ.get("COMPILE_CACHE_BACKEND", "").strip().lower()
-    if requested not in ("", "native", "python"):
-        raise ConfigError(
-            f"COMPILE_CACHE_BACKEND={requested!r} is not a backend; use 'native' or 'python'"
-        )
+    """Chooses the backend: (name, implementation, fallbacks)."""
+    from . import _reference
+
+    assert _reference.DIGEST_SIZE == DIGEST_SIZE
+    requested = config.BACKEND.value()
     if requested == "python":
         return "python", _reference, 0
     try:
@@ -101,20 +98,42 @@ def _load_backend() -> tuple[str, object, int]:
                 f"COMPILE_CACHE_BACKEND=native but compile_cache._C cannot load: {exc}. "
                 "Rebuild with `pip install --no-build-isolation -e .` against this torch."
             ) from exc
-        message = (
+        _warnings.warn(
             f"compile_cache: native fingerprint backend unavailable ({exc}); "
-            "using the pure-Python backend (same digests, slower)"
+            "using the pure-Python backend (same digests, slower)",
+            RuntimeWarning,
         )
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        logger.warning(message)
         return "python", _reference, 1
     return "native", _C, 0
 
 
-backend, _implementation, backend_fallbacks = _load_backend()
+_chosen: tuple[str, object, int] | None = None
+_choose_lock = threading.Lock()
+
+
+def _backend() -> tuple[str, object, int]:
+    global _chosen
+    if _chosen is None:
+        with _choose_lock:
+            if _chosen is None:
+                _chosen = _load_backend()
+    return _chosen
+
+
+def __getattr__(name: str) -> Any:
+    """``backend``, ``backend_fallbacks`` and ``_implementation``: chosen on first read."""
+    if name == "backend":
+        return _backend()[0]
+    if name == "_implementation":
+        return _backend()[1]
+    if name == "backend_fallbacks":
+        return _backend()[2]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_module(module: object) -> None:
+    from torch import nn
+
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"fingerprint needs a torch.nn.Module, got {type(module).__module__}."
@@ -122,18 +141,18 @@ def _check_module(module: object) -> None:
         )
 
 
-def fingerprint_tree(module: nn.Module, *, attributes: bool = True) -> dict[str, Fingerprint]:
+def fingerprint_tree(module: Any, *, attributes: bool = True) -> dict[str, Fingerprint]:
     """One fingerprint per submodule, keyed by qualified name (``""`` is the root), in one pass.
 
     A submodule reachable under several names (shared, or through a cycle) is digested once and
     listed under its first name, as ``named_modules()`` does.
     """
     _check_module(module)
-    pairs = _implementation.fingerprint_tree(module, bool(attributes))  # type: ignore[attr-defined]
+    pairs = _backend()[1].fingerprint_tree(module, bool(attributes))  # type: ignore[attr-defined]
     return {name: _trusted_fingerprint(digest) for name, digest in pairs}
 
 
-def fingerprint(module: nn.Module, *, attributes: bool = True) -> Fingerprint:
+def fingerprint(module: Any, *, attributes: bool = True) -> Fingerprint:
     """The fingerprint of a whole module tree: structure, forward code, tensor metadata.
 
     Covers classes, ``forward`` code, child names, parameter and buffer names with shape, stride,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from . import config
 from ._paths import HOSTNAME, atomic_write
 from .errors import ConfigError, LockTimeoutError
 
@@ -145,12 +146,8 @@ def lock_mode_for(path: str | os.PathLike[str]) -> tuple[str, str]:
     ``mkdir`` on network/cluster filesystems (NFS, Lustre, GPFS, CephFS...) or where ``fcntl``
     already failed with ``ENOLCK`` in this process, and ``fcntl`` everywhere else.
     """
-    env = os.environ.get("COMPILE_CACHE_LOCK", "").strip().lower()
-    if env:
-        if env not in LOCK_MODES:
-            raise ConfigError(
-                f"COMPILE_CACHE_LOCK={env!r} is not one of {', '.join(LOCK_MODES)}"
-            )
+    env = config.LOCK.value()
+    if env is not None:
         return env, f"COMPILE_CACHE_LOCK={env}"
     fs_type = filesystem_type(path)
     if fs_type in NETWORK_FILESYSTEMS or fs_type.startswith("nfs") or "lustre" in fs_type:
@@ -572,3 +569,8 @@ def optional_lock(lock: FileLock, timeout: float | None = ...) -> Iterator[bool]
         yield True
     finally:
         lock.release()
+
+
+def _reset() -> None:
+    """Forget the filesystems where fcntl raised ENOLCK (tests)."""
+    _enolck_devices.clear()

@@ -1,60 +1,53 @@
-"""Builds what a cold CPU compile will wait for, in the background, without changing its outcome.
+"""When to build what a cold CPU compile will wait for, in the background (the policy).
 
-The first Inductor compile for CPU in a process asks which vector instruction sets work
-(``torch._inductor.cpu_vec_isa.valid_vec_isa_list``). For each candidate it builds a small test
-library with g++ and loads it in a child process, one candidate after another: about 7 s on a
-2-core machine before the first kernel is built, whatever the model. That is more than half of a
-regional compile's cold start on CPU, and the reason regional compilation alone cannot reach half
-of a full compile's cold time there.
+The first Inductor compile for CPU in a process asks which vector instruction sets work. For each
+candidate it builds a small test library with g++ and loads it in a child process, one candidate
+after another: about 7 s on a 2-core machine before the first kernel is built, whatever the
+model. That is more than half of a regional compile's cold start on CPU, and the reason regional
+compilation alone cannot reach half of a full compile's cold time there.
 
 :func:`start_probe_builds` builds the same test libraries, side by side on spare cores, while
 Dynamo traces. Torch's probe then finds them built and only loads them. The answer stays torch's:
-
-* each library is built by torch's own ``CppBuilder`` with the arguments torch's
-  ``VecISA.check_build`` computes, into the path torch will look at, under torch's own per-library
-  lock, so torch never sees a half-written file;
-* which libraries to build is found by running torch's own ``__bool__`` chain on private copies of
-  its ISA objects whose ``check_build`` records instead of building. The copies are of a
-  different class, so torch's cached answers for the real objects are never touched;
-* nothing here decides anything: a library that fails to build is simply not there, and torch
-  builds it again and draws its own conclusion.
+each library is built by torch's own builder with torch's own arguments, into the path torch will
+look at, under torch's own per-library lock (the mechanism, and why it changes nothing, is in
+:mod:`compile_cache.torch_compat.isa`). A library that fails to build is simply not there, and
+torch builds it again and draws its own conclusion.
 
 Torch then loads each library in a child process, one after another (about 0.2 s each on torch
 2.13, 1.5 s on torch 2.11, whose child imports torch). The background run also does those loads,
-with torch's own load check on the same files (``isa_probe.torch_load_probe``), as soon as each
-library is built; torch's probe gets that answer through ``isa_probe`` instead of starting its
-own child. A library whose build or load did not finish here is probed by torch as before.
+with torch's own load check on the same files, as soon as each library is built; torch's probe
+gets that answer through the probe hook instead of starting its own child. A library whose build
+or load did not finish here is probed by torch as before.
 
 So the chosen instruction set, and with it every kernel key, is what torch alone would pick. (Two
 earlier attempts did change it: forcing ``cpp.vec_isa_ok``, and running torch's probe itself in a
 thread, which raced with torch's temporary edits of ``VecAVX512._arch_flags``.)
 
-``COMPILE_CACHE_PREFETCH=0`` turns it off.
-
-:func:`import_compile_stack` is the other thing a cold compile waits for, Python imports, for a
-rank that waits for another rank's compile anyway.
+Who builds: :func:`compile_cache.compile_regions` starts the run when it compiles at the first
+forward, and in a coordinated distributed warm-up only the rank that compiles does
+(:func:`start_for`); a rank that will restore another's compile cancels what has not started
+(:func:`cancel_pending`) and imports the compile stack while it waits
+(:func:`import_compile_stack`). ``COMPILE_CACHE_PREFETCH=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import logging
 import os
-import platform
-import sys
 import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import isa_probe
+from . import config
+from .torch_compat import dynamo, isa
 
 log = logging.getLogger("compile_cache")
 
-ENV_SWITCH = "COMPILE_CACHE_PREFETCH"
+ENV_SWITCH = config.PREFETCH.name
 
 
 @dataclasses.dataclass
@@ -84,8 +77,8 @@ _started: ProbePrefetch | None = None  # one run per process: the libraries outl
 
 
 def enabled() -> bool:
-    """False when ``COMPILE_CACHE_PREFETCH`` is ``0``, ``false``, ``no`` or ``off``."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in {"0", "false", "no", "off"}
+    """``COMPILE_CACHE_PREFETCH`` (default on)."""
+    return bool(config.PREFETCH.value())
 
 
 def wants_cpu_inductor(tensors: Iterable[Any], compile_kwargs: dict[str, Any]) -> bool:
@@ -132,7 +125,7 @@ def start_probe_builds() -> ProbePrefetch | None:
         if not enabled():
             return None
         try:
-            planned = _plan_probe_builds()
+            planned = isa.plan_probe_builds()
         except Exception as exc:  # another torch version: torch probes on its own, as before
             log.debug("compile_cache: no ISA probe prefetch (%s: %s)", type(exc).__name__, exc)
             return None
@@ -140,60 +133,20 @@ def start_probe_builds() -> ProbePrefetch | None:
             return None
         record = _started = ProbePrefetch(planned=len(planned))
         # Before the thread starts, so that torch's probe, whenever it runs, finds the answers.
-        load = isa_probe.torch_load_probe()
-        if load is not None and not isa_probe.add_answerer(_answer_from_prefetch):
+        load = isa.torch_load_probe()
+        if load is not None and not isa.add_answerer(_answer_from_prefetch):
             load = None
         work = []
-        for key, builder, isa, target in planned:
+        for key, builder, isa_object, target in planned:
             answer: Future[bool | None] = Future()
             if load is not None:
                 _load_answers[os.path.realpath(target)] = answer
-            work.append((key, builder, isa, answer))
+            work.append((key, builder, isa_object, answer))
     thread = threading.Thread(
         target=_build_all, args=(work, record, load), name="compile_cache-isa-prefetch", daemon=True
     )
     thread.start()
     return record
-
-
-def _plan_probe_builds() -> list[tuple[str, Any, Any, str]]:
-    """(lock key, CppBuilder, ISA object, path) per test library torch's probe would build and
-    not find."""
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        return []
-    # Imported here, on the caller's thread: two threads importing the compile stack at once can
-    # hand one of them a half-initialised module.
-    from torch._inductor import config, cpu_vec_isa
-
-    if config.cpp.vec_isa_ok is not None or config.is_fbcode():
-        return []  # torch does not probe
-    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
-    if cache_info is not None and cache_info().currsize:
-        return []  # already probed in this process
-    cpu_isas = cpu_vec_isa.x86_isa_checker()
-    planned: dict[str, tuple[str, Any, Any, str]] = {}
-
-    def record(isa: Any, code: str) -> None:
-        key, builder, target = isa_probe.library_path(isa, code)
-        if not os.path.isfile(target):
-            planned.setdefault(target, (key, builder, isa, target))
-
-    amx_code = getattr(cpu_vec_isa.VecAMX, "_amx_code", None)
-    for isa in cpu_vec_isa.supported_vec_isa_list:
-        if not all(flag in cpu_isas for flag in str(isa).split()):
-            continue  # valid_vec_isa_list skips it without probing
-        cls = type(isa)
-
-        class _Recording(cls):  # type: ignore[valid-type, misc]
-            def check_build(self, code: str) -> bool:
-                record(self, code)
-                # Answer "yes" to reach the checks torch makes after a success, except AMX's,
-                # whose success calls torch.cpu._init_amx(): a process-wide side effect.
-                return code != amx_code
-
-        _Recording.__name__ = _Recording.__qualname__ = f"_Recording{cls.__name__}"
-        bool(_Recording())
-    return list(planned.values())
 
 
 _load_answers: dict[str, Future[bool | None]] = {}  # realpath -> this run's load of it
@@ -209,8 +162,8 @@ def _build_all(
         workers = max(1, min(len(planned), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers, thread_name_prefix="compile_cache-isa-build") as pool:
             outcomes = [
-                pool.submit(_build_and_load, key, builder, isa, load, answer, record.stop)
-                for key, builder, isa, answer in planned
+                pool.submit(isa.build_and_load, key, builder, isa_object, load, answer, record.stop)
+                for key, builder, isa_object, answer in planned
             ]
             results = [o.result() for o in outcomes]
         record.built = results.count("built")
@@ -223,8 +176,8 @@ def _build_all(
         log.debug("compile_cache: ISA probe prefetch %s", record)
 
 
-def _answer_from_prefetch(isa: Any, path: str) -> bool | None:
-    """The isa_probe answerer: this run's load of ``path``, once done; None if it has none."""
+def _answer_from_prefetch(isa_object: Any, path: str) -> bool | None:
+    """The probe-hook answerer: this run's load of ``path``, once done; None if it has none."""
     answer = _load_answers.get(path)
     if answer is None:
         return None
@@ -240,65 +193,23 @@ def _answer_from_prefetch(isa: Any, path: str) -> bool | None:
 _LOAD_WAIT_S = 120.0  # torch's own child load gives up after 60 s; a build takes a few
 
 
-def _build_and_load(
-    key: str,
-    builder: Any,
-    isa: Any,
-    original_load: Any,
-    answer: Future[bool | None],
-    stop: threading.Event | None = None,
-) -> str:
-    from torch._inductor.codecache import get_lock_dir
-    from torch.utils._filelock import FileLock
-
-    target = builder.get_target_file_path()  # Linux only (see _plan_probe_builds): no separators
-    outcome = "failed"
-    loaded: bool | None = None
-    if stop is not None and stop.is_set():
-        answer.set_result(None)
-        return "cancelled"
-    lock = FileLock(os.path.join(get_lock_dir(), key + ".lock"), timeout=0)
-    try:
-        lock.acquire()
-    except Exception:  # torch (or another process) got there first: it builds and probes
-        answer.set_result(None)
-        return "busy"
-    try:
-        try:
-            if os.path.isfile(target):
-                outcome = "present"
-            else:
-                builder.build()
-                outcome = "built" if os.path.isfile(target) else "failed"
-        finally:
-            lock.release()
-        if outcome != "failed" and original_load is not None:
-            loaded = bool(original_load(isa, target))  # torch's own child-process load
-    except Exception as exc:  # torch builds it again and draws its own conclusion
-        log.debug("compile_cache: prefetch build of %s failed: %s", target, exc)
-        outcome = "failed"
-    finally:
-        answer.set_result(loaded if outcome != "failed" else None)
-    return outcome
-
-
-#: What the first Inductor compile of a process imports lazily (about a second on CPU).
-_COMPILE_STACK = (
-    "torch._dynamo.convert_frame",
-    "torch._functorch.aot_autograd",
-    "torch._inductor.compile_fx",
-    "torch._inductor.codecache",
-)
-
-
 def import_compile_stack() -> None:
     """Imports the compile stack ahead of the first compile, for a rank that would sit idle.
 
     A rank waiting for another rank's compile spends the time here instead of after the wait.
     Failures are only logged: the compile imports what it needs anyway.
     """
-    for name in _COMPILE_STACK:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # another torch version: nothing lost, the compile imports it
-            log.debug("compile_cache: could not import %s ahead of time: %s", name, exc)
+    dynamo.import_compile_stack()
+
+
+def current() -> ProbePrefetch | None:
+    """This process's background run, if one started."""
+    return _started
+
+
+def _reset() -> None:
+    """Forget this process's run (tests): the next start plans again."""
+    global _started
+    with _lock:
+        _started = None
+        _load_answers.clear()

@@ -36,7 +36,6 @@ import os
 import re
 import threading
 import types
-import warnings
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,7 +44,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import _warnings
 from .fingerprint import fingerprint_tree
+from .torch_compat import dynamo
 
 logger = logging.getLogger("compile_cache")
 
@@ -303,7 +304,7 @@ def _check_module(model: object, what: str) -> None:
             f"{what} needs a torch.nn.Module, got {type(model).__module__}."
             f"{type(model).__qualname__}: {model!r:.80}"
         )
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+    if dynamo.is_optimized_module(model):
         raise TypeError(
             f"{what} got a module already wrapped by torch.compile ({type(model).__name__} around "
             f"{type(model._orig_mod).__name__}); pass the original module (`._orig_mod`)"
@@ -460,12 +461,7 @@ class _GroupState:
         self.last_compiled: _RegionRunner | None = None
 
     def cache_entries(self) -> int:
-        try:
-            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-            return len(_debug_get_cache_entry_list(self.code))
-        except Exception:  # pragma: no cover - private API moved
-            return -1
+        return dynamo.cache_entries(self.code)
 
     def on_recompile(self, reasons: list[str], runner: _RegionRunner) -> None:
         """The group's code recompiled during ``runner``'s call. Counted as a per-block recompile
@@ -493,8 +489,7 @@ class _GroupState:
             f"depend on per-block attributes to share one graph. TORCH_LOGS=recompiles shows "
             f"details."
         )
-        logger.warning(msg)
-        warnings.warn(msg, RegionRecompileWarning, stacklevel=4)
+        _warnings.warn(msg, RegionRecompileWarning)
 
     def report_eager(self, module: nn.Module) -> None:
         with _LOCK:
@@ -507,14 +502,8 @@ class _GroupState:
             f"compile_cache: region {self.label} ({type(module).__name__}) ran UNCOMPILED: "
             f"{reason}. The model still computes the right values, but eagerly."
         )
-        logger.warning(msg)
-        warnings.warn(msg, RegionEagerWarning, stacklevel=4)
+        _warnings.warn(msg, RegionEagerWarning)
 
-
-try:  # Dynamo appends the reasons of every recompile here, keyed by the original code object
-    from torch._dynamo.utils import guard_failures as _GUARD_FAILURES
-except ImportError:  # pragma: no cover - private API moved
-    _GUARD_FAILURES = {}
 
 # Guard failures that come from the inputs (not from differences between blocks).
 _INPUT_CHANGE = re.compile(
@@ -531,14 +520,14 @@ def _guard_summary(reason: str) -> str:
 
 
 def _eager_reason(state: _GroupState) -> str:
-    if torch._dynamo.config.disable or os.environ.get("TORCH_COMPILE_DISABLE", "") not in ("", "0"):
-        return "torch.compile is disabled (TORCH_COMPILE_DISABLE / torch._dynamo.config.disable)"
+    if dynamo.compile_disabled():
+        return "torch.compile is disabled (TORCH_COMPILE_DISABLE or Dynamo's disable setting)"
     entries = state.cache_entries()
-    limit = state.limit or torch._dynamo.config.recompile_limit
-    if entries >= limit:
+    limit = state.limit or dynamo.recompile_limit()
+    if limit is not None and entries >= limit:
         return (
             f"its code {state.code.co_name} has {entries} compiled entries, the recompile limit "
-            f"(torch._dynamo.config.recompile_limit={limit}) stops further compiles"
+            f"(torch.compile's recompile_limit={limit}) stops further compiles"
         )
     return (
         f"Dynamo did not compile or skipped the frame {state.code.co_name} "
@@ -579,19 +568,21 @@ class _RegionRunner:
     (two dict lookups) to notice recompiles caused by differences between blocks.
     """
 
-    __slots__ = ("compiled", "state", "key", "code", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "code", "failures", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
         self.code = state.code
+        # Dynamo appends the reasons of every recompile here, keyed by the original code object.
+        self.failures = dynamo.guard_failures()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        failures = _GUARD_FAILURES.get(self.code)
+        failures = self.failures.get(self.code)
         before = len(failures) if failures is not None else 0
         out = self.compiled(*args, **kwargs)
-        failures = _GUARD_FAILURES.get(self.code)
+        failures = self.failures.get(self.code)
         state = self.state
         if failures is not None and len(failures) > before:
             state.on_recompile(failures[before:], self)
@@ -734,7 +725,7 @@ def compile_regions(
     user_limit = kwargs.get("recompile_limit")
     largest = max((g.size for g in plan.groups), default=1)
     if not disabled and not _PER_CALL_RECOMPILE_LIMIT:
-        _raise_global_recompile_limit(largest)
+        dynamo.raise_recompile_limit(largest)
     states: dict[str, _GroupState] = {}
     packaged: set[str] = set()  # groups whose precompile package is already installed
     for name, (code_name, label, size) in wanted.items():
@@ -756,20 +747,14 @@ def compile_regions(
             if use_precompile:
                 call_kwargs = cache.with_precompile(call_kwargs)
             if _PER_CALL_RECOMPILE_LIMIT:
-                base = (
-                    user_limit if user_limit is not None else torch._dynamo.config.recompile_limit
-                )
-                call_kwargs["recompile_limit"] = state.limit = max(int(base), size)
+                base = user_limit if user_limit is not None else dynamo.recompile_limit()
+                call_kwargs["recompile_limit"] = state.limit = max(int(base or size), size)
             # One precompile package per group: the blocks share the group's code object, so the
             # first block's package installs (and later saves) the entries for all of them; a
             # package per block would deserialize the same entries once per block.
             shares_package = use_precompile and code_name in packaged
             try:
-                with (
-                    torch._dynamo.config.patch(caching_precompile=False)
-                    if shares_package
-                    else contextlib.nullcontext()
-                ):
+                with dynamo.precompile_disabled() if shares_package else contextlib.nullcontext():
                     compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
                 packaged.add(code_name)
             except Exception as exc:  # torch's precompile loader does not catch everything
@@ -779,7 +764,7 @@ def compile_regions(
                 call_kwargs = {k: v for k, v in call_kwargs.items() if k != "options"}
                 if kwargs.get("options") is not None:
                     call_kwargs["options"] = dict(kwargs["options"])
-                with torch._dynamo.config.patch(caching_precompile=False):
+                with dynamo.precompile_disabled():
                     compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
 
@@ -795,14 +780,6 @@ def compile_regions(
     else:
         _distributed.note_lazy(model, distributed)
     return model
-
-
-def _raise_global_recompile_limit(needed: int) -> None:
-    """Older torch without per-call ``recompile_limit``: raise the global limit, only as needed."""
-    cfg = torch._dynamo.config
-    if cfg.recompile_limit < needed:
-        logger.info("compile_cache: raising torch._dynamo.config.recompile_limit to %d", needed)
-        cfg.recompile_limit = needed
 
 
 def get_plan(model: nn.Module) -> RegionPlan | None:

@@ -50,13 +50,13 @@ import struct
 import sys
 import tarfile
 import time
-import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _warnings, config
 from ._paths import (
     HOSTNAME,
     atomic_write,
@@ -65,7 +65,7 @@ from ._paths import (
     is_temp_name,
 )
 from ._sizes import format_size, parse_age, parse_size
-from .errors import ConfigError, CorruptPackError, StoreError, UnsafePathError, UnsafeStoreError
+from .errors import CorruptPackError, StoreError, UnsafePathError, UnsafeStoreError
 from .locks import (
     DEFAULT_STALE_AFTER,
     FileLock,
@@ -102,7 +102,7 @@ FLAG_SIGNED = 0x1
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 #: Default size cap (``COMPILE_CACHE_MAX_SIZE`` overrides; ``0`` means no cap).
-DEFAULT_MAX_SIZE = 20 << 30
+DEFAULT_MAX_SIZE: int = config.MAX_SIZE.default
 MAX_HEADER_BYTES = 64 << 20
 MAX_JSON_BYTES = 4 << 20
 STATS_SHARDS = 8
@@ -126,8 +126,6 @@ _COUNTERS: tuple[str, ...] = (
     "evicted_bytes",
     "backend_fallbacks",
 )
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 class StoreWarning(UserWarning):
@@ -145,31 +143,12 @@ _warned: set[tuple[str, str]] = set()
 
 
 def _warn_once(root: Path, what: str, message: str) -> None:
-    """``warnings.warn`` once per (store, kind of problem) per process; log every time at debug."""
+    """Warn once per (store, kind of problem) per process; log every time at debug."""
     logger.debug("%s", message)
     if (str(root), what) in _warned:
         return
     _warned.add((str(root), what))
-    logger.warning("%s", message)
-    warnings.warn(message, StoreWarning, stacklevel=3)
-
-
-def _env_flag(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
-
-
-def _shared_mode() -> bool:
-    value = os.environ.get("COMPILE_CACHE_SHARED", "").strip().lower()
-    if value == "group":
-        return True
-    if value in ("", "0", "no", "off", "false", "private", "user"):
-        return False
-    raise ConfigError(f"COMPILE_CACHE_SHARED={value!r}: expected 'group' or unset")
+    _warnings.warn(message, StoreWarning)
 
 
 def _torch_version() -> str:
@@ -532,7 +511,7 @@ def resolve_location(path: str | os.PathLike[str] | None = None) -> tuple[Path, 
     """
     if path is not None:
         return Path(path).expanduser().absolute(), "argument"
-    env = os.environ.get("COMPILE_CACHE_DIR", "").strip()
+    env = (config.DIR.value() or "").strip()
     if env:
         return Path(env).expanduser().absolute(), "COMPILE_CACHE_DIR"
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
@@ -611,15 +590,14 @@ class Store:
                 f"signing_key must be bytes, str or None, got {type(signing_key).__name__}"
             )
         self.root, self.location_source = resolve_location(path)
-        self.shared_group: bool = _shared_mode()
+        self.shared_group: bool = config.SHARED.value()
         self.dir_mode, self.file_mode = (0o2775, 0o664) if self.shared_group else (0o700, 0o600)
         if max_size is None:
-            env = os.environ.get("COMPILE_CACHE_MAX_SIZE", "").strip()
-            self.max_size = parse_size(env, name="COMPILE_CACHE_MAX_SIZE") if env else DEFAULT_MAX_SIZE
+            self.max_size = config.MAX_SIZE.value()
         else:
             self.max_size = parse_size(max_size, name="max_size")
         if signing_key is None:
-            signing_key = os.environ.get("COMPILE_CACHE_SIGNING_KEY") or None
+            signing_key = config.SIGNING_KEY.value()
         self.signing_key: bytes | None = (
             signing_key.encode() if isinstance(signing_key, str) else signing_key
         ) or None
@@ -633,7 +611,7 @@ class Store:
         self._pending: dict[str, Any] = {}
         self.read_only_reason: str | None = None
         if read_only is None:
-            read_only = _env_flag("COMPILE_CACHE_READ_ONLY")
+            read_only = config.READ_ONLY.value()
             if read_only:
                 self.read_only_reason = "COMPILE_CACHE_READ_ONLY is set"
         elif read_only:
@@ -1476,3 +1454,8 @@ def _check_tar_member(member: tarfile.TarInfo) -> None:
     if not (member.isreg() or member.isdir()):
         raise UnsafePathError(f"archive member {name!r} is a device, FIFO or other special file: refused")
     check_member_name(name.rstrip("/") if member.isdir() else name)
+
+
+def _reset() -> None:
+    """Forget which one-time warnings were shown (tests)."""
+    _warned.clear()

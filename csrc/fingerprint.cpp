@@ -939,7 +939,7 @@ py::list fingerprint_tree(py::handle module, bool attributes) {
   if (attributes && g_internal_attributes == nullptr) {
     throw std::runtime_error(
         "compile_cache._C.set_internal_attributes() must be called before fingerprinting "
-        "attributes (compile_cache.fingerprint does this at import)");
+        "attributes (compile_cache.fingerprint does this when it first loads the backend)");
   }
   Encoder encoder(attributes);
   return encoder.run(module.ptr());

@@ -11,8 +11,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import compile_cache
-from compile_cache import isa_probe
 from compile_cache.demo import TinyTransformer
+from compile_cache.torch_compat import isa
 
 store, layers, width, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 precompile = len(sys.argv) > 5 and sys.argv[5] == "precompile"
@@ -33,7 +33,7 @@ print(
             "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
             "max_diff": (got - expected).abs().max().item(),
             "eager_calls": sum(s["eager_calls"] for s in compile_cache.region_stats(model).values()),
-            "isa_probe": isa_probe.counts(),
+            "isa_probe": isa.counts(),
             "traced_graphs": counters["stats"]["unique_graphs"],  # Dynamo tracing this process
         }
     )

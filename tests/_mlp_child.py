@@ -15,6 +15,7 @@ import sys
 import torch
 
 from compile_cache import artifacts
+from compile_cache.torch_compat.dynamo import CompileCounters
 
 mode = sys.argv[1]
 written = 0
@@ -32,10 +33,10 @@ x = torch.randn(4, 16)
 with torch.no_grad():
     ref = model(x)
 capture = artifacts.Capture()
-before = artifacts.CompileCounters.snapshot()
+before = CompileCounters.snapshot()
 with torch.no_grad():
     out = torch.compile(model)(x)
-counts = artifacts.CompileCounters.snapshot().diff(before)
+counts = CompileCounters.snapshot().diff(before)
 torch.testing.assert_close(out, ref)
 added = capture.collect()
 if mode == "capture":

@@ -63,7 +63,7 @@ for d, _, names in os.walk(root):
             rel = os.path.dirname(rel)  # the entry's key; the entry's own name varies run to run
         if not rel.endswith(".lock"):
             files.add(rel)
-run = prefetch._started
+run = prefetch.current()
 print("RESULT " + json.dumps({
     "isa": str(isa),
     "flags": isa.build_arch_flags(),

@@ -16,6 +16,17 @@ import torch._dynamo
 
 
 @pytest.fixture
+def fresh_state() -> Iterator[None]:
+    """compile_cache's process-wide state (one-time warnings, probe answers, the prefetch run,
+    capabilities, last reports) as a fresh process has it, before and after the test."""
+    from compile_cache._testing import reset_process_state
+
+    reset_process_state()
+    yield
+    reset_process_state()
+
+
+@pytest.fixture
 def dynamo_reset() -> Iterator[None]:
     """Clears Dynamo's caches and counters before and after the test."""
     from torch._dynamo.utils import counters

@@ -37,8 +37,8 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
     import compile_cache
     from compile_cache import distributed as ccd
     from compile_cache import prefetch
-    from compile_cache.artifacts import CompileCounters
     from compile_cache.demo import TinyTransformer
+    from compile_cache.torch_compat.dynamo import CompileCounters
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
                           timeout=datetime.timedelta(seconds=120))
@@ -59,7 +59,7 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
         result["report"] = compile_cache.last_report().to_dict()
         result["counters"] = CompileCounters.snapshot().as_dict()
         result["stats"] = compile_cache.region_stats(model)
-        run = prefetch._started
+        run = prefetch.current()
         result["prefetch"] = None if run is None else {"built": run.built, "planned": run.planned}
     elif scenario == "parallel":
         result.update(_train_ddp_fsdp(rank, world))

@@ -33,6 +33,7 @@ def native():
     assert _C is not None, (
         "compile_cache._C is not built; run `pip install --no-build-isolation -e .`"
     )
+    assert compile_cache.backend == "native"  # choosing it sets the extension up
     return _C
 
 
@@ -367,6 +368,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 HASH_SEED_SCRIPT = f"""
     import json, sys
     sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
+    import torch  # the extension links against torch's libraries: torch first
     import compile_cache
     from compile_cache import _C, _reference
     from test_fingerprint import Block, Other
@@ -397,9 +399,12 @@ def test_backend_environment_variable():
     forced = _run("import compile_cache; print(compile_cache.backend)", COMPILE_CACHE_BACKEND="python")
     assert forced.returncode == 0, forced.stderr
     assert forced.stdout.strip().splitlines()[-1] == "python"
-    bogus = _run("import compile_cache", COMPILE_CACHE_BACKEND="bogus")
-    assert bogus.returncode != 0
-    assert "COMPILE_CACHE_BACKEND='bogus' is not a backend" in bogus.stderr
+    # Read when a fingerprint is first needed, not at import: the import works, the use fails.
+    bogus = _run("import compile_cache; print('imported', flush=True); compile_cache.backend",
+                 COMPILE_CACHE_BACKEND="bogus")
+    assert bogus.returncode != 0 and bogus.stdout.strip() == "imported"
+    assert "ConfigError: COMPILE_CACHE_BACKEND='bogus'" in bogus.stderr
+    assert "'native' or 'python'" in bogus.stderr
 
 
 def test_unloadable_native_backend_falls_back_with_one_warning_and_a_counter(tmp_path):
@@ -431,7 +436,7 @@ def test_unloadable_native_backend_falls_back_with_one_warning_and_a_counter(tmp
     assert len(result["warnings"]) == 1 and "pure-Python backend" in result["warnings"][0]
     assert result["stats"] == 1
 
-    forced = _run("import sys; sys.modules['compile_cache._C'] = None; import compile_cache",
-                  COMPILE_CACHE_BACKEND="native")
+    forced = _run("import sys; sys.modules['compile_cache._C'] = None; import compile_cache; "
+                  "compile_cache.backend", COMPILE_CACHE_BACKEND="native")
     assert forced.returncode != 0
     assert "BackendUnavailableError" in forced.stderr and "COMPILE_CACHE_BACKEND=native" in forced.stderr

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._filelock import FileLock
 
 from compile_cache import prefetch
+from compile_cache.torch_compat import isa
 
 _CHILD = Path(__file__).with_name("_prefetch_child.py")
 
@@ -63,77 +63,16 @@ def test_only_cpu_inductor_compiles_prefetch() -> None:
 
 
 @pytest.mark.parametrize("value", ["0", "off", "false"])
-def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_switched_off_by_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, fresh_state: None
+) -> None:
     monkeypatch.setenv(prefetch.ENV_SWITCH, value)
-    monkeypatch.setattr(prefetch, "_started", None)
-    assert prefetch.start_probe_builds() is None
-
-
-class _FakeBuilder:
-    """Stands in for torch's CppBuilder: 'builds' by writing the target, or fails."""
-
-    def __init__(self, target: Path, fail: bool = False) -> None:
-        self.target, self.fail, self.builds = target, fail, 0
-
-    def get_target_file_path(self) -> str:
-        return str(self.target)
-
-    def build(self) -> None:
-        self.builds += 1
-        if self.fail:
-            raise RuntimeError("g++: error: unrecognized command-line option '-mavx9000'")
-        self.target.write_bytes(b"\x7fELF")
-
-
-@pytest.fixture
-def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    from torch._inductor.codecache import get_lock_dir
-
-    return Path(get_lock_dir())
-
-
-def test_a_library_torch_is_already_building_is_left_to_torch(tmp_path: Path, lock_dir: Path) -> None:
-    builder = _FakeBuilder(tmp_path / "probe.so")
-    answer: Future[bool | None] = Future()
-    with FileLock(str(lock_dir / "k1.lock")):  # torch's check_build holds its lock
-        outcome = prefetch._build_and_load("k1", builder, None, lambda isa, path: True, answer)
-    assert outcome == "busy"
-    assert builder.builds == 0
-    assert answer.result(timeout=1) is None  # torch probes it itself: no deadlock, no guess
-
-
-def test_a_failed_build_leaves_the_decision_to_torch(tmp_path: Path, lock_dir: Path) -> None:
-    builder = _FakeBuilder(tmp_path / "probe.so", fail=True)
-    answer: Future[bool | None] = Future()
-    outcome = prefetch._build_and_load("k2", builder, None, lambda isa, path: True, answer)
-    assert outcome == "failed"
-    assert answer.result(timeout=1) is None
-    assert not (tmp_path / "probe.so").exists()
-
-
-def test_the_answer_is_torchs_own_load_of_the_built_library(tmp_path: Path, lock_dir: Path) -> None:
-    loads: list[str] = []
-
-    def torch_load(isa: object, path: str) -> bool:
-        loads.append(path)
-        return False  # e.g. the library built but does not load on this CPU
-
-    builder = _FakeBuilder(tmp_path / "probe.so")
-    answer: Future[bool | None] = Future()
-    assert prefetch._build_and_load("k3", builder, None, torch_load, answer) == "built"
-    assert answer.result(timeout=1) is False
-    assert loads == [str(tmp_path / "probe.so")]
-    # Present already (an earlier process built it): not rebuilt, still loaded once more.
-    again: Future[bool | None] = Future()
-    assert prefetch._build_and_load("k3", builder, None, torch_load, again) == "present"
-    assert builder.builds == 1
+    assert prefetch.start_probe_builds() is None and prefetch.current() is None
 
 
 def test_prefetched_loads_answer_torchs_probe_and_unknown_ones_go_to_torch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fresh_state: None
 ) -> None:
-    monkeypatch.setattr(prefetch, "_load_answers", {})
     answered, unknown, unanswered = (os.path.realpath(tmp_path / n) for n in ("a", "b", "c"))
     for path, result in ((answered, False), (unanswered, None)):
         future: Future[bool | None] = Future()
@@ -144,13 +83,22 @@ def test_prefetched_loads_answer_torchs_probe_and_unknown_ones_go_to_torch(
     assert prefetch._answer_from_prefetch(None, unanswered) is None  # build failed here: torch
 
 
-def test_a_cancelled_run_starts_no_further_build(tmp_path: Path, lock_dir: Path) -> None:
+def test_a_cancelled_run_starts_no_further_build(tmp_path: Path) -> None:
     """A rank that turns out to be a follower stops building: the leader's packs bring them."""
     run = prefetch.ProbePrefetch(planned=1)
     run.cancel()
-    builder = _FakeBuilder(tmp_path / "probe.so")
+    class Builder:  # a build that must not start
+        builds = 0
+
+        def get_target_file_path(self) -> str:
+            return str(tmp_path / "probe.so")
+
+        def build(self) -> None:
+            self.builds += 1
+
+    builder = Builder()
     answer: Future[bool | None] = Future()
-    outcome = prefetch._build_and_load("k4", builder, None, lambda isa, path: True, answer, run.stop)
+    outcome = isa.build_and_load("k4", builder, None, lambda isa, path: True, answer, run.stop)
     assert outcome == "cancelled"
     assert builder.builds == 0
     assert answer.result(timeout=1) is None

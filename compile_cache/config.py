@@ -1,0 +1,257 @@
+"""Every ``COMPILE_CACHE_*`` environment variable, in one registry: name, type, default, doc.
+
+Nothing else in compile_cache reads ``os.environ`` for a ``COMPILE_CACHE_*`` name: code asks its
+:class:`Variable` here (``config.MAX_SIZE.value()``). A variable is read when it is first needed
+(a store is opened, a compile starts, a rank waits), never at ``import compile_cache``, and read
+again on every use, so a test or a job that changes the environment sees the new value.
+
+Values are parsed one way per type. Booleans accept ``1/0``, ``true/false``, ``yes/no`` and
+``on/off`` (any case); an empty or unset variable means the default. A value that cannot be used
+raises :class:`~compile_cache.errors.ConfigError` naming the variable, the value and what would be
+right. ``python -m compile_cache doctor`` prints this registry with each value and its source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._sizes import format_size, parse_size
+from .errors import ConfigError
+
+__all__ = [
+    "BACKEND",
+    "BROADCAST_SCOPE",
+    "DIR",
+    "DISTRIBUTED",
+    "LOCK",
+    "LOCK_TIMEOUT",
+    "MAX_SIZE",
+    "PRECOMPILE",
+    "PREFETCH",
+    "READ_ONLY",
+    "SHARED",
+    "SIGNING_KEY",
+    "VARIABLES",
+    "WAIT_TIMEOUT",
+    "Variable",
+    "describe",
+    "parse_bool",
+]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+BOOLEAN_VALUES = "1/0, true/false, yes/no or on/off"
+
+
+class _Invalid(Exception):
+    """Raised by a parser: the text is not a value of the variable's type."""
+
+
+def parse_bool(text: str) -> bool:
+    """The one boolean parser: ``1/0``, ``true/false``, ``yes/no``, ``on/off``, any case."""
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise _Invalid(text)
+
+
+def _choice(values: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[str], str]:
+    table = {v: v for v in values} | dict(aliases or {})
+
+    def parse(text: str) -> str:
+        try:
+            return table[text.strip().lower()]
+        except KeyError:
+            raise _Invalid(text) from None
+
+    return parse
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ConfigError:
+        raise _Invalid(text) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Invalid(text) from None
+    if not value > 0 or value == float("inf"):
+        raise _Invalid(text)
+    return value
+
+
+def _shared(text: str) -> bool:
+    low = text.lower()
+    if low == "group":
+        return True
+    if low in ("private", "user") or low in _FALSE:
+        return False
+    raise _Invalid(text)
+
+
+def _text(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: how to read it, what it defaults to, what it means."""
+
+    name: str
+    kind: str  # bool, size, seconds, choice, path, secret
+    default: Any
+    doc: str
+    allowed: str  # what a right value looks like (error messages, doctor)
+    parser: Callable[[str], Any] = field(default=_text, repr=False, compare=False)
+    secret: bool = False
+
+    def raw(self) -> str | None:
+        """The variable's text as set, or None when unset or empty."""
+        text = os.environ.get(self.name)
+        return text if text is not None and text.strip() else None
+
+    def value(self) -> Any:
+        """The parsed value, or the default when unset/empty; ConfigError for a bad value."""
+        text = self.raw()
+        if text is None:
+            return self.default
+        return self.parse(text, self.name)
+
+    def parse(self, text: str, what: str | None = None) -> Any:
+        """``text`` parsed by this variable's rule; ``what`` names the setting in the error
+        (the variable, or an argument that takes the same values)."""
+        try:
+            return self.parser(text.strip())
+        except _Invalid:
+            raise ConfigError(
+                f"{what or self.name}={text!r} is not a valid value: expected {self.allowed}"
+            ) from None
+
+    @property
+    def source(self) -> str:
+        """``"environment"`` when the variable is set (non-empty), else ``"default"``."""
+        return "environment" if self.raw() is not None else "default"
+
+    def shown(self) -> str:
+        """The value for people: a secret is only ``set``/``unset``."""
+        text = self.raw()
+        if self.secret:
+            return "set" if text is not None else "unset"
+        return text if text is not None else "unset"
+
+
+VARIABLES: dict[str, Variable] = {}
+
+
+def _register(variable: Variable) -> Variable:
+    VARIABLES[variable.name] = variable
+    return variable
+
+
+DIR = _register(Variable(
+    "COMPILE_CACHE_DIR", "path", None,
+    "the store; share it on NFS/Lustre across nodes (after --cache-dir / cache_dir=)",
+    "a directory path", _text,
+))
+MAX_SIZE = _register(Variable(
+    "COMPILE_CACHE_MAX_SIZE", "size", 20 << 30,
+    "size cap; least recently used entries are evicted above it; 0 = no cap",
+    "a size such as 20G, 512M or 0 (no cap); units B, K, M, G, T, P (binary)", _size,
+))
+SHARED = _register(Variable(
+    "COMPILE_CACHE_SHARED", "choice", False,
+    "'group': a group-shared store (setgid dirs, group-writable files); default private",
+    "'group' (shared with your group) or unset / 'private'", _shared,
+))
+READ_ONLY = _register(Variable(
+    "COMPILE_CACHE_READ_ONLY", "bool", False, "restore but never publish",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+LOCK = _register(Variable(
+    "COMPILE_CACHE_LOCK", "choice", None,
+    "lock mode: fcntl, flock, mkdir or none (default: mkdir on NFS/Lustre, else fcntl)",
+    "one of fcntl, flock, mkdir, none", _choice(("fcntl", "flock", "mkdir", "none")),
+))
+SIGNING_KEY = _register(Variable(
+    "COMPILE_CACHE_SIGNING_KEY", "secret", None,
+    "HMAC key: sign packs, refuse unsigned or altered ones", "any text", _text, secret=True,
+))
+BACKEND = _register(Variable(
+    "COMPILE_CACHE_BACKEND", "choice", None,
+    "fingerprint backend: native or python (default: native if it loads, else python)",
+    "'native' or 'python'", _choice(("native", "python")),
+))
+PRECOMPILE = _register(Variable(
+    "COMPILE_CACHE_PRECOMPILE", "bool", False,
+    "also cache Dynamo's traced code (when compile_regions gets precompile=None)",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+PREFETCH = _register(Variable(
+    "COMPILE_CACHE_PREFETCH", "bool", True,
+    "build Inductor's CPU instruction-set probe libraries in the background",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+DISTRIBUTED = _register(Variable(
+    "COMPILE_CACHE_DISTRIBUTED", "choice", "shared",
+    "how ranks share a compile: shared (one store), broadcast (over the process group) or off",
+    "one of shared, broadcast, off",
+    _choice(("shared", "broadcast", "off"), {"0": "off", "no": "off", "false": "off", "none": "off"}),
+))
+BROADCAST_SCOPE = _register(Variable(
+    "COMPILE_CACHE_BROADCAST_SCOPE", "choice", "rank",
+    "who receives broadcast packs: every rank, or one rank per node",
+    "'rank' or 'node'", _choice(("rank", "node")),
+))
+WAIT_TIMEOUT = _register(Variable(
+    "COMPILE_CACHE_WAIT_TIMEOUT", "seconds", 1800.0,
+    "seconds a rank waits for the compiling rank and the warm-up barrier",
+    "a positive number of seconds", _seconds,
+))
+LOCK_TIMEOUT = _register(Variable(
+    "COMPILE_CACHE_LOCK_TIMEOUT", "seconds", 300.0,
+    "seconds the compiling rank waits for the store's lock of its key",
+    "a positive number of seconds", _seconds,
+))
+
+
+def _default_text(variable: Variable) -> str:
+    if variable.default is None:
+        return "-"
+    if variable.kind == "size":
+        return format_size(variable.default)
+    if variable.kind == "bool":
+        return "on" if variable.default else "off"
+    if variable.name == SHARED.name:
+        return "private"
+    return str(variable.default)
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every variable with its shown value, source, default, allowed values, meaning and, for a
+    bad value, the error it raises (for ``doctor``)."""
+    out = []
+    for variable in VARIABLES.values():
+        error = None
+        try:
+            variable.value()
+        except ConfigError as exc:
+            error = str(exc)
+        out.append({
+            "name": variable.name,
+            "value": variable.shown(),
+            "source": variable.source,
+            "default": _default_text(variable),
+            "allowed": variable.allowed,
+            "meaning": variable.doc,
+            "error": error,
+        })
+    return out

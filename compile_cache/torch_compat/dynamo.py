@@ -1,0 +1,357 @@
+"""Dynamo's private API: compile counters, guard failures, cache entries, config, precompile.
+
+What compile_cache reads or sets inside ``torch._dynamo`` (torch 2.8 to 2.13), each behind a
+capability (see :mod:`compile_cache.torch_compat`):
+
+``dynamo.counters``        ``torch._dynamo.utils.counters``: FX-graph and AOTAutograd cache
+                           hits/misses, which tell the session that a forward compiled something
+                           worth publishing. Also checked in use: a Dynamo graph compiled with
+                           Inductor, caches on, and none of those counters moved means their
+                           names changed, and nothing would ever be published.
+``dynamo.guard_failures``  ``torch._dynamo.utils.guard_failures``: per-block recompile detection.
+``dynamo.cache_entries``   ``torch._dynamo.eval_frame._debug_get_cache_entry_list``:
+                           compiled entries per code object (``region_stats``, eager reasons).
+``dynamo.config``          ``torch._dynamo.config.recompile_limit`` and ``.disable``.
+``dynamo.precompile``      ``torch._dynamo.config.caching_precompile`` (and its ``patch``).
+``dynamo.optimized_module``  ``torch._dynamo.eval_frame.OptimizedModule``: refuse a model that
+                           ``torch.compile`` already wrapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from . import available, capability, mark_missing
+
+log = logging.getLogger("compile_cache")
+
+__all__ = [
+    "CompileCounters",
+    "cache_entries",
+    "check_counters",
+    "compile_disabled",
+    "enable_precompile",
+    "guard_failures",
+    "import_compile_stack",
+    "is_optimized_module",
+    "precompile_disabled",
+    "precompile_enabled",
+    "precompile_options",
+    "raise_recompile_limit",
+    "recompile_limit",
+    "save_precompile_entries",
+]
+
+# The counter names torch's caches bump (torch/_inductor/codecache.py, autograd_cache.py).
+_INDUCTOR = "inductor"
+_AOT = "aot_autograd"
+_FX_HIT, _FX_MISS, _FX_BYPASS = "fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"
+_AOT_HIT, _AOT_MISS, _AOT_BYPASS = "autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass"
+
+
+@capability(
+    "dynamo.counters",
+    needs="torch._dynamo.utils.counters (fxgraph_cache_hit/miss, autograd_cache_hit/miss)",
+    breaks="compile_cache cannot see that a forward compiled, so nothing is published",
+)
+def _probe_counters() -> str | None:
+    from torch._dynamo import utils
+
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return "torch._dynamo.utils has no attribute 'counters'"
+    if not hasattr(counters, "__getitem__"):
+        return f"torch._dynamo.utils.counters is a {type(counters).__name__}, not a mapping"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCounters:
+    """Hit/miss counts of torch's local FX-graph and AOTAutograd caches at one moment.
+
+    Take a snapshot before a compile and ``diff`` one after: a local-cache hit shows as
+    ``fxgraph_hit >= 1`` and ``fxgraph_miss == 0``. ``graphs`` counts the graphs Dynamo handed
+    to a backend (its ``unique_graphs``). All zero where the counters capability is missing.
+    """
+
+    fxgraph_hit: int = 0
+    fxgraph_miss: int = 0
+    fxgraph_bypass: int = 0
+    autograd_hit: int = 0
+    autograd_miss: int = 0
+    autograd_bypass: int = 0
+    graphs: int = 0
+
+    @classmethod
+    def snapshot(cls) -> CompileCounters:
+        """Read ``torch._dynamo.utils.counters`` now."""
+        if not available("dynamo.counters"):
+            return cls()
+        from torch._dynamo.utils import counters
+
+        ind = counters[_INDUCTOR]
+        aot = counters[_AOT]
+        return cls(
+            fxgraph_hit=int(ind[_FX_HIT]),
+            fxgraph_miss=int(ind[_FX_MISS]),
+            fxgraph_bypass=int(ind[_FX_BYPASS]),
+            autograd_hit=int(aot[_AOT_HIT]),
+            autograd_miss=int(aot[_AOT_MISS]),
+            autograd_bypass=int(aot[_AOT_BYPASS]),
+            graphs=int(counters["stats"]["unique_graphs"]),
+        )
+
+    def diff(self, before: CompileCounters) -> CompileCounters:
+        """The counts added since ``before``."""
+        return CompileCounters(
+            **{
+                f.name: getattr(self, f.name) - getattr(before, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    @property
+    def hit(self) -> bool:
+        """True when the compile hit the local FX-graph cache and missed nothing."""
+        return self.fxgraph_hit > 0 and self.fxgraph_miss == 0
+
+    @property
+    def cache_lookups(self) -> int:
+        """FX-graph and AOTAutograd cache lookups of any outcome."""
+        return (self.fxgraph_hit + self.fxgraph_miss + self.fxgraph_bypass + self.autograd_hit
+                + self.autograd_miss + self.autograd_bypass)
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain dict, for logs and JSON."""
+        return dataclasses.asdict(self)
+
+
+def check_counters(diff: CompileCounters) -> None:
+    """For a forward compiled with Inductor: if Dynamo compiled graphs while torch's caches are
+    on but no cache counter moved, the counter names changed: the counters capability is
+    marked missing (one warning), since nothing would ever be published."""
+    if diff.graphs <= 0 or diff.cache_lookups > 0:
+        return
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is None:
+        return
+    if not getattr(inductor_config, "fx_graph_cache", False) or getattr(
+        inductor_config, "force_disable_caches", False
+    ):
+        return  # torch's caches are off: no counter is expected to move
+    mark_missing(
+        "dynamo.counters",
+        f"Dynamo compiled {diff.graphs} graph(s) with Inductor but none of torch's cache "
+        f"counters ({_FX_HIT}, {_FX_MISS}, {_AOT_HIT}, ...) moved: their names changed",
+    )
+
+
+@capability(
+    "dynamo.guard_failures",
+    needs="torch._dynamo.utils.guard_failures",
+    breaks="per-block recompiles of identical blocks are not detected (no RegionRecompileWarning)",
+)
+def _probe_guard_failures() -> str | None:
+    from torch._dynamo import utils
+
+    if not isinstance(getattr(utils, "guard_failures", None), dict):
+        return "torch._dynamo.utils.guard_failures is gone or not a dict"
+    return None
+
+
+_NO_FAILURES: dict[Any, list[str]] = {}
+
+
+def guard_failures() -> dict[Any, list[str]]:
+    """Dynamo's code object -> recompile reasons (read-only use); empty where it is missing."""
+    if not available("dynamo.guard_failures"):
+        return _NO_FAILURES
+    from torch._dynamo.utils import guard_failures as failures
+
+    return failures
+
+
+@capability(
+    "dynamo.cache_entries",
+    needs="torch._dynamo.eval_frame._debug_get_cache_entry_list",
+    breaks="region_stats() reports cache_entries=-1 and eager-run warnings cannot name the "
+    "recompile limit",
+)
+def _probe_cache_entries() -> str | None:
+    from torch._dynamo import eval_frame
+
+    if not callable(getattr(eval_frame, "_debug_get_cache_entry_list", None)):
+        return "torch._dynamo.eval_frame has no _debug_get_cache_entry_list"
+    return None
+
+
+def cache_entries(code: Any) -> int:
+    """How many compiled entries Dynamo holds for ``code``; -1 when it cannot tell."""
+    if not available("dynamo.cache_entries"):
+        return -1
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    try:
+        return len(_debug_get_cache_entry_list(code))
+    except Exception:
+        return -1
+
+
+@capability(
+    "dynamo.config",
+    needs="torch._dynamo.config.recompile_limit and .disable",
+    breaks="large groups of identical blocks may reach torch's recompile limit and run eagerly "
+    "(each such run is warned), and eager-run warnings cannot say why",
+)
+def _probe_config() -> str | None:
+    from torch._dynamo import config
+
+    for name in ("recompile_limit", "disable"):
+        if not hasattr(config, name):
+            return f"torch._dynamo.config has no {name!r}"
+    return None
+
+
+def recompile_limit() -> int | None:
+    """torch's global recompile limit (``torch._dynamo.config.recompile_limit``), or None."""
+    if not available("dynamo.config"):
+        return None
+    from torch._dynamo import config
+
+    return int(config.recompile_limit)
+
+
+def raise_recompile_limit(needed: int) -> None:
+    """Raise the global recompile limit to ``needed`` (older torch without a per-call limit)."""
+    if not available("dynamo.config"):
+        return
+    from torch._dynamo import config
+
+    if config.recompile_limit < needed:
+        log.info("compile_cache: raising torch's recompile limit to %d", needed)
+        config.recompile_limit = needed
+
+
+def compile_disabled() -> bool:
+    """Whether torch.compile is switched off (``TORCH_COMPILE_DISABLE`` or Dynamo's config)."""
+    if os.environ.get("TORCH_COMPILE_DISABLE", "") not in ("", "0"):
+        return True
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(config, "disable", False))
+
+
+@capability(
+    "dynamo.precompile",
+    needs="torch._dynamo.config.caching_precompile and torch.compiler.keep_portable_guards_unsafe",
+    breaks="precompile=True compiles normally: Dynamo traces at every start",
+)
+def _probe_precompile() -> str | None:
+    import torch
+    from torch._dynamo import config
+
+    if not hasattr(config, "caching_precompile"):
+        return "torch._dynamo.config has no 'caching_precompile'"
+    if not callable(getattr(torch.compiler, "keep_portable_guards_unsafe", None)):
+        return "torch.compiler has no keep_portable_guards_unsafe"
+    return None
+
+
+def precompile_options() -> dict[str, Any]:
+    """``options=`` for ``torch.compile`` when precompile is used.
+
+    Portable guards only (tensor metadata, shape env, global state): the default guard set holds
+    class-identity guards that cannot be serialised (``CLASS_MATCH guard cannot be serialized`` on
+    GPT-2 blocks). What the dropped guards checked is covered by the fingerprint in our key.
+    """
+    import torch
+
+    return {"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
+
+
+def enable_precompile() -> bool:
+    """Turn on Dynamo's caching precompile for the process; False where this torch lacks it."""
+    if not available("dynamo.precompile"):
+        return False
+    from torch._dynamo import config
+
+    config.caching_precompile = True
+    return True
+
+
+@contextlib.contextmanager
+def precompile_disabled() -> Iterator[None]:
+    """Compile without looking up or saving a precompile package (Dynamo's config patch)."""
+    from torch._dynamo import config
+
+    if not hasattr(config, "caching_precompile"):
+        yield
+        return
+    with config.patch(caching_precompile=False):
+        yield
+
+
+def precompile_enabled() -> bool:
+    """Whether Dynamo's caching precompile is on (never imports Dynamo)."""
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(config, "caching_precompile", False))
+
+
+def save_precompile_entries() -> None:
+    """With caching precompile on, make torch write its Dynamo entries to the local cache dir.
+
+    ``torch.compiler.save_cache_artifacts()`` writes them to ``<inductor>/dynamo/<id>/entry``
+    (its returned bytes are not used: the files are what a pack carries).
+    """
+    if not precompile_enabled():
+        return
+    import torch
+
+    torch.compiler.save_cache_artifacts()
+
+
+@capability(
+    "dynamo.optimized_module",
+    needs="torch._dynamo.eval_frame.OptimizedModule",
+    breaks="a model already wrapped by torch.compile is not recognised, so compile_regions "
+    "plans the wrapper instead of refusing it",
+)
+def _probe_optimized_module() -> str | None:
+    from torch._dynamo import eval_frame
+
+    if not isinstance(getattr(eval_frame, "OptimizedModule", None), type):
+        return "torch._dynamo.eval_frame has no class OptimizedModule"
+    return None
+
+
+def is_optimized_module(value: object) -> bool:
+    """Whether ``value`` is the wrapper ``torch.compile(module)`` returns."""
+    if not available("dynamo.optimized_module"):
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(value, OptimizedModule)
+
+
+#: What the first Inductor compile of a process imports lazily (about a second on CPU).
+_COMPILE_STACK = (
+    "torch._dynamo.convert_frame",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+)
+
+
+def import_compile_stack() -> None:
+    """Imports the compile stack ahead of the first compile; failures are only logged."""
+    for name in _COMPILE_STACK:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # another torch version: nothing lost, the compile imports it
+            log.debug("compile_cache: could not import %s ahead of time: %s", name, exc)
