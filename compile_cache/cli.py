@@ -21,7 +21,6 @@ import importlib.util
 import json
 import logging
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -385,25 +384,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # doctor
 # ---------------------------------------------------------------------------------------------
-def _permissions(path: Path, shared: bool) -> tuple[str, bool]:
-    """(description, safe) of the store directory's mode and owner."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return f"cannot stat: {exc.strerror or exc}", False
-    mode = stat.S_IMODE(st.st_mode)
-    owner = "you" if st.st_uid == os.geteuid() else f"uid {st.st_uid}"
-    text = f"{mode:04o}, owner {owner}, group {st.st_gid}"
-    if mode & stat.S_IWOTH:
-        return text + ": UNSAFE, world-writable", False
-    if mode & stat.S_IWGRP and not shared:
-        return text + ": UNSAFE, group-writable without COMPILE_CACHE_SHARED=group", False
-    if shared:
-        setgid = "setgid" if mode & stat.S_ISGID else "no setgid bit (new files may get other groups)"
-        return text + f": group-shared, {setgid}", True
-    return text + ": private, safe", True
-
-
 def _backend_info() -> dict[str, Any]:
     fingerprint = importlib.import_module("compile_cache.fingerprint")  # the package's name is a function
     info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
@@ -429,7 +409,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from . import __version__
     from .environment import cross_rank_hazards, environment, environment_digest
     from .locks import filesystem_type, lock_mode_for
-    from .store import Store, resolve_location
+    from .store import Store
+    from .store.safety import describe_dir, resolve_location
 
     root, source = resolve_location(args.cache_dir)
     source_text = {
@@ -452,7 +433,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         lock_mode, lock_reason = "?", str(exc)
         problems.append(str(exc))
-    perms, safe = _permissions(root, shared) if exists else ("does not exist yet (created on first use)", True)
+    perms, safe = describe_dir(root, shared) if exists else ("does not exist yet (created on first use)", True)
     if not safe:
         problems.append(f"store permissions: {perms}")
     store_state: dict[str, Any] = {}

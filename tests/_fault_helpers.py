@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import compile_cache.store as store_mod
+from compile_cache._testing import reset_process_state
 
 REPO = Path(__file__).resolve().parents[1]
 STORE_ENV = (
@@ -45,7 +46,7 @@ def clean_env(monkeypatch: Any, tmp_path: Path) -> Path:
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     inductor = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
-    monkeypatch.setattr(store_mod, "_warned", set())
+    reset_process_state()  # one-time warnings (and the rest) as in a fresh process
     return inductor
 
 

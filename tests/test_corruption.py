@@ -13,6 +13,7 @@ from _fault_helpers import clean_env, run_job, store_warnings
 
 import compile_cache.store as store_mod
 from compile_cache.store import Store, encode_pack
+from compile_cache.store import pack as pack_format
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def _first_job(store_path):
     report, backend = run_job(store_path)
     assert report.published_packs == 1 and backend.misses >= 1
     store = Store(store_path)
-    (pack,) = (store._entry_dir(report.key) / "packs").glob("*.pack")
+    (pack,) = (store.layout.packs_dir(report.key)).glob("*.pack")
     return report.key, pack
 
 
@@ -44,7 +45,7 @@ def _foreign_torch(pack, monkeypatch, key):
     members = {}
     for p in Store(pack.parents[4].parent).load(key):
         members.update(p.members)
-    monkeypatch.setattr(store_mod, "_torch_version", lambda: "1.13.1")
+    monkeypatch.setattr(pack_format, "torch_version", lambda: "1.13.1")
     _name, chunks, _ = encode_pack(key, members)
     monkeypatch.undo()
     pack.write_bytes(b"".join(bytes(c) for c in chunks))
@@ -87,11 +88,11 @@ def test_garbage_entry_json_and_stats_shards_do_not_stop_a_hit(env) -> None:
     store_path, inductor, monkeypatch = env
     key, pack = _first_job(store_path)
     store = Store(store_path)
-    (store._entry_dir(key) / "entry.json").write_bytes(b"{\"key\": tru")
+    (store.layout.entry_json(key)).write_bytes(b"{\"key\": tru")
     for n in range(store_mod.STATS_SHARDS):  # every shard, whichever this process writes
         (store.stats_dir / f"shard-{n}.json").write_bytes(b"\xff\xfe garbage")
     report = store.verify()
-    assert report.bad_entries == [store._entry_dir(key) / "entry.json"]
+    assert report.bad_entries == [store.layout.entry_json(key)]
     assert len(report.bad_stats) == store_mod.STATS_SHARDS
     shutil.rmtree(inductor)
     result, backend = run_job(store_path)

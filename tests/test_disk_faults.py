@@ -22,7 +22,6 @@ from _fault_helpers import (
 )
 
 import compile_cache.cache as cache_mod
-import compile_cache.store as store_mod
 from compile_cache.store import Store
 
 
@@ -147,14 +146,14 @@ def test_permission_denied_during_a_job(env) -> None:
     run_job(root)
     shutil.rmtree(inductor)
     stores = _sessions_stores(monkeypatch)
-    real_listdir = store_mod.os.listdir
+    real_listdir = os.listdir
 
     def denied(path="."):
         if str(path).startswith(str(root)) and "packs" in str(path):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_listdir(path)
 
-    monkeypatch.setattr(store_mod.os, "listdir", denied)
+    monkeypatch.setattr(os, "listdir", denied)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         report, backend = run_job(root)

@@ -6,6 +6,7 @@ Every multi-process test bounds its waits, so a deadlock fails the test instead 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import select
@@ -206,12 +207,11 @@ def test_threads_of_one_process_exclude_each_other(tmp_path) -> None:
     assert not overlap
 
 
-def test_enolck_falls_back_to_mkdir(tmp_path, monkeypatch, caplog) -> None:
+def test_enolck_falls_back_to_mkdir(tmp_path, monkeypatch, caplog, fresh_state) -> None:
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(locks.fcntl, "lockf", no_locks)
-    monkeypatch.setattr(locks, "_enolck_devices", set())
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
     monkeypatch.delenv("COMPILE_CACHE_LOCK", raising=False)
     caplog.set_level(logging.WARNING, logger="compile_cache")
     lock = FileLock(tmp_path / "key", mode="fcntl", timeout=2)
@@ -230,12 +230,12 @@ def test_lock_mode_follows_env_and_filesystem(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="COMPILE_CACHE_LOCK"):
         lock_mode_for(tmp_path)
     monkeypatch.delenv("COMPILE_CACHE_LOCK")
-    monkeypatch.setattr(locks, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr(locks.modes, "filesystem_type", lambda path: "nfs4")
     mode, reason = lock_mode_for(tmp_path)
     assert mode == "mkdir" and "nfs4" in reason
-    monkeypatch.setattr(locks, "filesystem_type", lambda path: "lustre")
+    monkeypatch.setattr(locks.modes, "filesystem_type", lambda path: "lustre")
     assert lock_mode_for(tmp_path)[0] == "mkdir"
-    monkeypatch.setattr(locks, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(locks.modes, "filesystem_type", lambda path: "ext4")
     assert lock_mode_for(tmp_path) == ("fcntl", "local ext4 filesystem")
 
 

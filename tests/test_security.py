@@ -12,11 +12,11 @@ import warnings
 
 import pytest
 from _fault_helpers import FakeInductor, clean_env, pack_members, run_job, store_warnings
+from _store_helpers import craft_pack
 
-import compile_cache.store as store_mod
 from compile_cache import UnsafeStoreError, artifacts
 from compile_cache.errors import CorruptPackError, UnsafePathError
-from compile_cache.store import Store, encode_pack
+from compile_cache.store import Store
 
 
 @pytest.fixture
@@ -48,15 +48,7 @@ def test_a_store_others_can_write_is_refused_by_the_job_with_a_fix(env, where) -
 
 def _plant(store: Store, key: str, members: dict[str, bytes]) -> None:
     """Write a pack with any member names, as an attacker with write access to the store would."""
-    real = store_mod.check_member_name
-    store_mod.check_member_name = lambda name: name
-    try:
-        name, chunks, _ = encode_pack(key, members)
-    finally:
-        store_mod.check_member_name = real
-    target = store._entry_dir(key) / "packs" / f"{name}.pack"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(b"".join(bytes(c) for c in chunks))
+    craft_pack(store, key, members)
 
 
 @pytest.mark.parametrize(
@@ -117,9 +109,9 @@ def test_a_pack_replayed_under_another_key_is_rejected(env) -> None:
     report, _ = run_job(root)
     store = Store(root)
     victim = "ee" * 16
-    (pack,) = (store._entry_dir(report.key) / "packs").glob("*.pack")
-    (store._entry_dir(victim) / "packs").mkdir(parents=True)
-    shutil.copy(pack, store._entry_dir(victim) / "packs" / pack.name)
+    (pack,) = (store.layout.packs_dir(report.key)).glob("*.pack")
+    (store.layout.packs_dir(victim)).mkdir(parents=True)
+    shutil.copy(pack, store.layout.packs_dir(victim) / pack.name)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert store.load(victim) == []
@@ -140,7 +132,7 @@ def test_signing_key_end_to_end(env) -> None:
     shutil.rmtree(inductor)
     signed, backend = run_job(root)
     assert signed.hit and backend.misses == 0  # the re-published, signed pack restores
-    (pack,) = (Store(root)._entry_dir(report.key) / "packs").glob("*.pack")
+    (pack,) = (Store(root).layout.packs_dir(report.key)).glob("*.pack")
     # Downgrade: clear the signed flag and zero the MAC (the checksum still matches): rejected.
     data = bytearray(pack.read_bytes())
     data[10:12] = b"\0\0"

@@ -1,0 +1,105 @@
+"""Finding and breaking stale locks: what ``verify`` and waiting ``mkdir`` lockers use."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+from .._paths import HOSTNAME
+from .base import DEFAULT_STALE_AFTER, LOCK_SUFFIX, LOCKDIR_SUFFIX, read_holder
+
+__all__ = ["break_stale_lock", "is_lock_leftover", "is_lock_name", "is_stale", "read_holder"]
+
+logger = logging.getLogger("compile_cache")
+
+#: Infixes of the names a lock directory is renamed to when it is broken or released.
+STALE_INFIX = ".stale-"
+RELEASE_INFIX = ".release-"
+
+
+def is_lock_name(name: str) -> bool:
+    """Whether ``name`` is a lock as this package writes it (``<base>.lock``/``<base>.lockdir``)."""
+    return name.endswith((LOCK_SUFFIX, LOCKDIR_SUFFIX))
+
+
+def is_lock_leftover(name: str) -> bool:
+    """Whether ``name`` is a broken or released lock directory set aside (removable when old)."""
+    return STALE_INFIX in name or RELEASE_INFIX in name
+
+
+def is_stale(lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER) -> bool:
+    """Whether a lock left on disk is stale: its holder is dead on this host, or it is too old.
+
+    For a ``.lockdir`` (mkdir lock) this is the breaking rule. For a ``.lock`` file (fcntl/flock)
+    the kernel already released it if the holder died, so it is stale (removable garbage) when
+    nobody holds it now and it has not been touched for ``stale_after`` seconds.
+    """
+    path = Path(lock_path)
+    if path.is_dir():
+        holder = read_holder(path)
+        if holder is None:
+            try:
+                age = time.time() - path.stat().st_mtime
+            except OSError:
+                return False
+            # An owner file is written microseconds after mkdir: missing for long means a crash.
+            return age > min(stale_after, 60.0)
+        return holder.is_alive() is False or holder.age > stale_after
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    if age <= stale_after:
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
+
+def break_stale_lock(
+    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER
+) -> bool:
+    """Remove the lock at ``lock_path`` if :func:`is_stale`; return whether it was removed.
+
+    A lock directory is first renamed to a unique name (atomic: of two breakers only one wins),
+    then its owner is re-read; if the lock changed hands in between, it is renamed back.
+    """
+    path = Path(lock_path)
+    if not is_stale(path, stale_after=stale_after):
+        return False
+    if not path.is_dir():
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return True
+        return False
+    seen = read_holder(path)
+    aside = path.with_name(f"{path.name}{STALE_INFIX}{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        return False  # somebody else broke it first
+    now = read_holder(aside)
+    if now != seen:  # it was released and re-taken between our check and the rename
+        with contextlib.suppress(OSError):
+            os.rename(aside, path)
+            logger.debug("lock %s changed hands while breaking it; put it back", path)
+            return False
+    logger.warning("broke stale lock %s held by %s", path, seen or "nobody (no owner file)")
+    shutil.rmtree(aside, ignore_errors=True)
+    return True

@@ -1,0 +1,135 @@
+"""Small file and warning helpers shared by the store's modules (no layout, no format)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import _warnings
+from .._paths import check_key
+from ..errors import UnsafePathError
+
+logger = logging.getLogger("compile_cache")
+
+#: A JSON file (entry.json, a stats shard) larger than this is garbage, not read.
+MAX_JSON_BYTES = 4 << 20
+
+
+class StoreWarning(UserWarning):
+    """A one-time, user-visible warning from the store (read-only store, disk full, corrupt pack)."""
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(root: Path, what: str, message: str) -> None:
+    """Warn once per (store, kind of problem) per process; log every time at debug."""
+    logger.debug("%s", message)
+    if (str(root), what) in _warned:
+        return
+    _warned.add((str(root), what))
+    _warnings.warn(message, StoreWarning)
+
+
+def torch_version() -> str:
+    """torch's version without importing torch (5 s) when it is not loaded yet."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(getattr(torch, "__version__", "unknown"))
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:
+        return "unknown"
+
+
+def errno_name(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
+
+
+def read_nofollow(path: Path, limit: int | None = None) -> bytes:
+    """Read a regular file without following a symlink at ``path`` (a planted link is refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symlink") from exc
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise UnsafePathError(f"{path} is not a regular file")
+        return fh.read() if limit is None else fh.read(limit)
+
+
+def read_json_file(path: Path) -> tuple[dict[str, Any] | None, bool]:
+    """(data, garbage): ``(None, False)`` if absent, ``(None, True)`` if unreadable as a JSON object."""
+    try:
+        raw = read_nofollow(path, MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        return None, False
+    except (OSError, UnsafePathError):
+        return None, True
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None, True
+    return (data, False) if isinstance(data, dict) else (None, True)
+
+
+def key_list(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list of checked keys; a lone string (an easy slip for ``[key]``) is a TypeError."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be an iterable of cache keys, got {type(keys).__name__}: {keys!r}")
+    return [check_key(k) for k in keys]
+
+
+def check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
+    return float(value)
+
+
+def json_bytes(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+
+
+def make_dirs(path: Path, anchor: Path | None, dir_mode: int) -> None:
+    """Create ``path`` and its missing parents with ``dir_mode`` (exact, whatever the umask).
+
+    Parents above ``anchor`` (the store root; None when creating the root itself) get the umask's
+    mode. Reaching a missing ``anchor`` raises FileNotFoundError: the store itself is gone
+    (removed, or an unmounted network path) and is not re-created under the mount point.
+    """
+    missing = []
+    probe = path
+    while not probe.is_dir():
+        if probe == anchor:
+            raise FileNotFoundError(errno.ENOENT, "compile cache directory vanished", str(anchor))
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        ours = anchor is not None or directory == path  # parents outside the store: umask
+        try:
+            os.mkdir(directory, dir_mode if ours else 0o777)
+        except FileExistsError:
+            continue
+        if ours:
+            os.chmod(directory, dir_mode)
+
+
+def _reset() -> None:
+    """Forget which one-time warnings were shown (tests)."""
+    _warned.clear()

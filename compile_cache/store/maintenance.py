@@ -1,0 +1,228 @@
+"""Keeping the store healthy: eviction (LRU, size cap, age, keys), clear, and verify (fix).
+
+Functions of a :class:`~compile_cache.store.Store` (its ``evict``, ``clear`` and ``verify``
+methods call them). Entries are removed by renaming them out of sight first (atomic), so a reader
+sees all of an entry or none of it; a lock only keeps two evicters from doing the same work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._paths import is_temp_name
+from .._sizes import format_size
+from ..errors import CorruptPackError
+from ..locks import optional_lock
+from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
+from ._io import read_json_file, read_nofollow
+from .pack import IncompatiblePackError, decode_pack
+from .records import EntryInfo, VerifyReport
+
+if TYPE_CHECKING:
+    from .core import Store
+
+__all__ = ["ORPHAN_AGE", "QUARANTINE_KEEP", "clear", "enforce_cap", "remove_entries", "verify"]
+
+logger = logging.getLogger("compile_cache")
+
+#: Temp files and empty entries younger than this are someone's publish in progress.
+ORPHAN_AGE = 15 * 60.0
+#: Quarantined packs are kept this long for inspection, then deleted by evict()/verify(fix=True).
+QUARANTINE_KEEP = 7 * 86400.0
+
+
+def total_size(store: Store) -> int:
+    """Bytes in all entries, from stat calls only (cheap enough to run after every publish)."""
+    total = 0
+    for key in store.layout.keys():
+        for directory in (store.layout.entry_dir(key), store.layout.packs_dir(key)):
+            with contextlib.suppress(OSError), os.scandir(directory) as it:
+                for item in it:
+                    with contextlib.suppress(OSError):
+                        if item.is_file(follow_symlinks=False):
+                            total += item.stat(follow_symlinks=False).st_size
+    return total
+
+
+def enforce_cap(store: Store, protect: set[str]) -> None:
+    """Evict least-recently-used entries (never those in ``protect``) above the size cap."""
+    if total_size(store) <= store.max_size:
+        return
+    lock = store._lock_at(store.layout.lock_base("evict"), timeout=0)
+    with optional_lock(lock) as held:
+        if held:  # another process evicting now does the job for us
+            remove_entries(store, store.max_size, None, None, False, protect=protect)
+
+
+def remove_entries(
+    store: Store, max_size: int | None, older_than: float | None, keys: set[str] | None,
+    dry_run: bool, protect: set[str],
+) -> list[EntryInfo]:
+    """Choose the entries ``evict`` removes (the union of its criteria) and remove them."""
+    entries = sorted(store.entries(), key=lambda e: (e.last_used, e.key))
+    chosen: dict[str, EntryInfo] = {}
+    if keys:
+        chosen.update((e.key, e) for e in entries if e.key in keys)
+    if older_than is not None:
+        cutoff = time.time() - older_than
+        chosen.update((e.key, e) for e in entries if e.last_used < cutoff)
+    if max_size is not None:
+        total = sum(e.size for e in entries if e.key not in chosen)
+        for e in entries:
+            if total <= max_size:
+                break
+            if e.key in chosen or e.key in protect:
+                continue
+            chosen[e.key] = e
+            total -= e.size
+    removed = sorted(chosen.values(), key=lambda e: (e.last_used, e.key))
+    if dry_run:
+        return removed
+    done = []
+    for e in removed:
+        if remove_entry_dir(store, e.path):
+            done.append(e)
+    if done:
+        store._bump(evictions=len(done), evicted_bytes=sum(e.size for e in done))
+        logger.info("evicted %d entries (%s)", len(done), format_size(sum(e.size for e in done)))
+    prune_quarantine(store, QUARANTINE_KEEP)
+    return done
+
+
+def remove_entry_dir(store: Store, path: Path) -> bool:
+    """Rename an entry out of sight (atomic), then delete it: readers see all of it or none."""
+    aside = store.layout.aside_path(path)
+    try:
+        store._mkdirs(store.layout.tmp_dir)
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        logger.debug("could not move %s aside (%s); deleting in place", path, exc)
+        shutil.rmtree(path, ignore_errors=True)
+        return not path.exists()
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def prune_quarantine(store: Store, keep: float) -> list[Path]:
+    """Delete quarantined packs older than ``keep`` seconds; return them."""
+    old = []
+    cutoff = time.time() - keep
+    quarantine = store.layout.quarantine_dir
+    with contextlib.suppress(OSError):
+        for name in os.listdir(quarantine):
+            path = quarantine / name
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    old.append(path)
+    return old
+
+
+def clear(store: Store) -> int:
+    """Remove every entry and quarantined pack (counters are kept); return entries removed."""
+    count = 0
+    for key in list(store.layout.keys()):
+        count += remove_entry_dir(store, store.layout.entry_dir(key))
+    prune_quarantine(store, -1.0)
+    return count
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float) -> VerifyReport:
+    """See :meth:`Store.verify`."""
+    layout = store.layout
+    report = VerifyReport(fixed=bool(fix))
+    now = time.time()
+
+    def old(path: Path) -> bool:
+        try:
+            return now - os.lstat(path).st_mtime > temp_age
+        except OSError:
+            return False
+
+    for key in list(layout.keys()):
+        report.checked_entries += 1
+        entry = layout.entry_dir(key)
+        _data, garbage = read_json_file(layout.entry_json(key))
+        if garbage:
+            report.bad_entries.append(layout.entry_json(key))
+            if fix:
+                with contextlib.suppress(OSError):
+                    os.unlink(layout.entry_json(key))
+        for directory in (entry, layout.packs_dir(key)):
+            with contextlib.suppress(OSError):
+                for name in os.listdir(directory):
+                    if is_temp_name(name) and old(directory / name):
+                        report.orphaned_temp.append(directory / name)
+                        if fix:
+                            with contextlib.suppress(OSError):
+                                os.unlink(directory / name)
+        packs = layout.pack_paths(key)
+        for path in packs:
+            report.checked_packs += 1
+            try:
+                decode_pack(read_nofollow(path), signing_key=store.signing_key, key=key)
+            except FileNotFoundError:
+                continue
+            except IncompatiblePackError:
+                report.incompatible_packs.append(path)
+            except (CorruptPackError, OSError) as exc:
+                report.corrupt_packs.append((path, str(exc)))
+                if fix:
+                    store._quarantine(path, key)
+                    store._bump(corrupt=1)
+        anchor = layout.packs_dir(key) if layout.packs_dir(key).is_dir() else entry
+        if not packs and old(anchor):
+            report.empty_entries.append(entry)
+            if fix:
+                remove_entry_dir(store, entry)
+
+    with contextlib.suppress(OSError):
+        for name in os.listdir(layout.tmp_dir):
+            if old(layout.tmp_dir / name):
+                report.orphaned_temp.append(layout.tmp_dir / name)
+                if fix:
+                    _remove_path(layout.tmp_dir / name)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(layout.locks_dir):
+            path = layout.locks_dir / name
+            if is_lock_leftover(name) or is_temp_name(name):
+                if old(path):
+                    report.orphaned_temp.append(path)
+                    if fix:
+                        _remove_path(path)
+            elif is_lock_name(name) and is_stale(path, stale_after=lock_stale_after):
+                report.stale_locks.append(path)
+                if fix:
+                    break_stale_lock(path, stale_after=lock_stale_after)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(layout.stats_dir):
+            path = layout.stats_dir / name
+            if is_temp_name(name):
+                if old(path):
+                    report.orphaned_temp.append(path)
+                    if fix:
+                        path.unlink(missing_ok=True)
+                continue
+            if read_json_file(path)[1]:
+                report.bad_stats.append(path)
+                if fix:
+                    path.unlink(missing_ok=True)
+    if fix:
+        report.old_quarantine = prune_quarantine(store, QUARANTINE_KEEP)
+    return report

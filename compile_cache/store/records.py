@@ -1,0 +1,173 @@
+"""What the store hands out: records of packs, entries, verify and import runs (plain data)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptPackError
+from ._io import read_json_file
+from .layout import Layout
+from .pack import read_pack_header
+
+__all__ = ["EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """One pack on disk: which key, its content hash, size and header facts."""
+
+    key: str
+    name: str
+    path: Path
+    size: int
+    created: float
+    members: int
+    data_bytes: int
+    compile_seconds: float
+    signed: bool
+    metadata: dict[str, Any] = field(default_factory=dict)
+    member_names: tuple[str, ...] = ()
+
+    @classmethod
+    def _from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
+        table = header.get("members") or []
+        return cls(
+            key=key,
+            name=name,
+            path=path,
+            size=size,
+            created=float(header.get("created") or 0.0),
+            members=len(table),
+            data_bytes=sum(int(m.get("size", 0)) for m in table if isinstance(m, dict)),
+            compile_seconds=float(header.get("compile_seconds") or 0.0),
+            signed=signed,
+            metadata=dict(header.get("metadata") or {}),
+            member_names=tuple(
+                m["name"] for m in table if isinstance(m, dict) and isinstance(m.get("name"), str)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A loaded, verified pack: ``members`` maps safe relative names to bytes."""
+
+    members: dict[str, bytes]
+    header: dict[str, Any]
+    info: PackInfo
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One cache entry (a key): its ``entry.json`` metadata, packs, total size and times."""
+
+    key: str
+    metadata: dict[str, Any]
+    packs: tuple[PackInfo, ...]
+    size: int
+    created: float
+    last_used: float
+    path: Path
+
+    @classmethod
+    def read(cls, layout: Layout, key: str) -> EntryInfo | None:
+        """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
+        entry = layout.entry_dir(key)
+        try:
+            names = os.listdir(entry)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        metadata, _garbage = read_json_file(layout.entry_json(key))
+        size = 0
+        mtimes: list[float] = []
+        for name in names:
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry / name)
+                if stat.S_ISREG(st.st_mode):
+                    size += st.st_size
+        packs: list[PackInfo] = []
+        for path in layout.pack_paths(key):
+            try:
+                st = os.lstat(path)
+                size += st.st_size
+                mtimes.append(st.st_mtime)
+                header, signed, _ = read_pack_header(path)
+                packs.append(PackInfo._from_header(key, path.stem, path, st.st_size, header, signed))
+            except (OSError, CorruptPackError):
+                continue
+        try:
+            last_used = os.stat(layout.used_file(key)).st_mtime
+        except OSError:
+            last_used = max(mtimes, default=0.0)
+        created = float((metadata or {}).get("created") or 0.0) or min(
+            [p.created for p in packs] or [last_used]
+        )
+        return cls(key=key, metadata=metadata or {}, packs=tuple(packs), size=size,
+                   created=created, last_used=last_used, path=entry)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (for ``ls --json``)."""
+        return {
+            "key": self.key,
+            "metadata": self.metadata,
+            "packs": [
+                {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(p).items()}
+                for p in self.packs
+            ],
+            "size": self.size,
+            "created": self.created,
+            "last_used": self.last_used,
+            "path": str(self.path),
+        }
+
+
+@dataclass
+class VerifyReport:
+    """What :meth:`Store.verify` found (and, with ``fixed``, removed or quarantined)."""
+
+    checked_entries: int = 0
+    checked_packs: int = 0
+    corrupt_packs: list[tuple[Path, str]] = field(default_factory=list)
+    incompatible_packs: list[Path] = field(default_factory=list)
+    orphaned_temp: list[Path] = field(default_factory=list)
+    stale_locks: list[Path] = field(default_factory=list)
+    bad_entries: list[Path] = field(default_factory=list)
+    bad_stats: list[Path] = field(default_factory=list)
+    empty_entries: list[Path] = field(default_factory=list)
+    old_quarantine: list[Path] = field(default_factory=list)
+    fixed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """No problem found (incompatible packs of another version are not a problem)."""
+        return not (
+            self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
+            or self.bad_stats or self.empty_entries
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (for ``verify --json``)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                value = [[str(v[0]), v[1]] if isinstance(v, tuple) else str(v) for v in value]
+            out[f.name] = value
+        out["ok"] = self.ok
+        return out
+
+
+@dataclass
+class ImportReport:
+    """What :meth:`Store.import_archive` did: keys seen, packs written, packs already present."""
+
+    keys: list[str] = field(default_factory=list)
+    packs_added: int = 0
+    packs_present: int = 0
+

@@ -1,0 +1,113 @@
+"""Eviction, clear and verify (compile_cache.store.maintenance)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _fault_helpers import STORE_ENV
+from _store_helpers import K1, K2, K3, MEMBERS
+from _store_helpers import packs as _packs
+
+import compile_cache._paths as paths
+from compile_cache.store import Store
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, fresh_state):
+    for name in STORE_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "cache")
+
+
+# -- eviction ------------------------------------------------------------------------------------------
+def _age(store: Store, key: str, seconds_ago: float) -> None:
+    t = time.time() - seconds_ago
+    os.utime(store.layout.used_file(key), (t, t))
+
+
+def test_lru_eviction_by_last_use_with_dry_run(store: Store) -> None:
+    for key in (K1, K2, K3):
+        store.publish(key, {"blob": key.encode() * 500})
+    _age(store, K1, 300)
+    _age(store, K2, 100)
+    _age(store, K3, 200)
+    store.load(K1)  # a hit makes K1 the most recently used
+    size = store.entries()[0].size
+    planned = store.evict(max_size=size, dry_run=True)
+    assert [e.key for e in planned] == [K3, K2]  # least recently used first
+    assert all(store.has(k) for k in (K1, K2, K3))  # dry run touched nothing
+    removed = store.evict(max_size=size)
+    assert [e.key for e in removed] == [K3, K2]
+    assert store.has(K1) and not store.has(K2) and not store.has(K3)
+    assert store.stats()["evictions"] == 2
+
+
+def test_evict_by_age_and_by_key(store: Store) -> None:
+    for key in (K1, K2, K3):
+        store.publish(key, {"blob": key.encode()})
+    _age(store, K1, 40 * 86400)
+    assert [e.key for e in store.evict(older_than="30d")] == [K1]
+    assert [e.key for e in store.evict(keys=[K3])] == [K3]
+    assert [e.key for e in store.entries()] == [K2]
+
+
+def test_publish_enforces_the_size_cap(tmp_path) -> None:
+    s = Store(tmp_path / "c", max_size="4K")  # two ~1.8K entries fit, three do not
+    for i, key in enumerate((K1, K2, K3)):
+        s.publish(key, {"blob": bytes([i]) * 1200})
+        _age(s, key, 100 - i)
+    assert [e.key for e in s.entries()] == [K2, K3]  # the oldest went; the newest is protected
+    assert s.stats()["size"] <= 4 * 1024 and s.stats()["evictions"] == 1
+
+
+def test_clear_removes_everything(store: Store) -> None:
+    store.publish(K1, MEMBERS)
+    store.publish(K2, MEMBERS)
+    assert store.clear() == 2
+    assert store.entries() == [] and store.load(K1) == []
+
+
+# -- verify ----------------------------------------------------------------------------------------------
+def test_verify_finds_and_fixes_orphans_stale_locks_and_corruption(store: Store) -> None:
+    store.publish(K1, MEMBERS)
+    store.publish(K2, MEMBERS)
+    assert store.verify().ok
+    packs_dir = store.layout.packs_dir(K1)
+    old_tmp = paths.temp_path(packs_dir / "dead.pack")
+    old_tmp.write_bytes(b"half a pack")
+    os.utime(old_tmp, (time.time() - 3600, time.time() - 3600))
+    young_tmp = paths.temp_path(packs_dir / "live.pack")
+    young_tmp.write_bytes(b"being written")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    stale = store.locks_dir / f"{K1}.lockdir"
+    stale.mkdir()
+    (stale / "owner").write_text(f"{paths.HOSTNAME}:{int(dead.stdout)}:{time.time():.3f}")
+    (bad,) = _packs(store, K2)
+    bad.write_bytes(bad.read_bytes()[:-1])
+
+    report = store.verify()
+    assert report.orphaned_temp == [old_tmp] and report.stale_locks == [stale]
+    assert [p for p, _ in report.corrupt_packs] == [bad] and not report.ok
+    assert old_tmp.exists() and stale.exists()  # report only
+
+    fixed = store.verify(fix=True)
+    assert fixed.fixed and not old_tmp.exists() and not stale.exists() and not bad.exists()
+    assert young_tmp.exists()  # someone's publish in progress is left alone
+    assert store.verify().ok
+    assert store.load(K1)[0].members == MEMBERS
