@@ -4,7 +4,7 @@ Variants, each in a fresh subprocess with an empty TORCHINDUCTOR_CACHE_DIR:
   eager               no compile
   full                torch.compile(model)
   accelerate          accelerate.utils.compile_regions(model)
-  ours                compile_cache.regions.compile_regions(model)
+  ours                compile_cache.compile_regions(model)
   ours-no-prefetch    the same with COMPILE_CACHE_PREFETCH=0: Inductor's ISA probe libraries are
                       not built ahead in the background (compile_cache/prefetch.py)
 
@@ -60,7 +60,7 @@ def _child(args: argparse.Namespace) -> dict:
 
             model = acc_compile_regions(model)
         elif args.variant in ("ours", "ours-no-prefetch"):
-            from compile_cache.regions import compile_regions
+            from compile_cache import compile_regions
 
             model = compile_regions(model, cache_dir=False)
         model(x, use_cache=False)

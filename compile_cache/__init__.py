@@ -31,14 +31,17 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it (imported when the name is first read)
 _LAZY: dict[str, str] = {
-    "CacheReport": "cache",
-    "last_report": "cache",
-    "compile_regions": "regions",
-    "warm_up": "distributed",
-    "RegionPlan": "regions",
+    "compile_regions": "api",
+    "warm_up": "api",
+    "warm": "api",
+    "CacheReport": "session",
+    "last_report": "session",
+    "RegionPlan": "plan",
+    "plan_regions": "plan",
     "get_plan": "regions",
-    "plan_regions": "regions",
     "region_stats": "regions",
+    "RegionEagerWarning": "regions",
+    "RegionRecompileWarning": "regions",
     "Store": "store",
     "backend": "fingerprint",
 }
@@ -61,7 +64,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "BackendUnavailableError",
     "CacheReport",
+    "RegionEagerWarning",
     "RegionPlan",
+    "RegionRecompileWarning",
     "Store",
     "compile_regions",
     "get_plan",
@@ -79,5 +84,6 @@ __all__ = [
     "backend",
     "fingerprint",
     "fingerprint_tree",
+    "warm",
     "warm_up",
 ]

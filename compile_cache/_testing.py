@@ -22,7 +22,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.prefetch",
     "compile_cache.store",
     "compile_cache.locks",
-    "compile_cache.cache",
+    "compile_cache.session",
     "compile_cache.distributed",
 )
 

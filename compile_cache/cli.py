@@ -407,7 +407,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
     from . import __version__
-    from .environment import cross_rank_hazards, environment, environment_digest
+    from .distributed.hazards import cross_rank_hazards
+    from .keys import environment, environment_digest
     from .locks import filesystem_type, lock_mode_for
     from .store import Store
     from .store.safety import describe_dir, resolve_location
@@ -767,8 +768,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if args.fullgraph:
         compile_kwargs["fullgraph"] = True
 
-    from .cache import last_report
-    from .warm import warm
+    from .api import warm
+    from .session import last_report
 
     progress = not args.json and _is_tty(sys.stderr)
     start = time.perf_counter()

@@ -21,7 +21,7 @@ from _fault_helpers import (
     temp_files,
 )
 
-import compile_cache.cache as cache_mod
+import compile_cache.session as session_mod
 from compile_cache.store import Store
 
 
@@ -40,7 +40,7 @@ def _sessions_stores(monkeypatch) -> list[Store]:
             super().__init__(*a, **kw)
             seen.append(self)
 
-    monkeypatch.setattr(cache_mod, "Store", Recording)
+    monkeypatch.setattr(session_mod, "Store", Recording)
     return seen
 
 

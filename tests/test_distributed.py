@@ -38,6 +38,7 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
     from compile_cache import distributed as ccd
     from compile_cache import prefetch
     from compile_cache.demo import TinyTransformer
+    from compile_cache.distributed import protocol
     from compile_cache.torch_compat.dynamo import CompileCounters
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
@@ -73,7 +74,7 @@ def _child(scenario: str, rank: int, world: int, port: int, out: str) -> None:
             def die(*args: Any, **kwargs: Any) -> None:
                 os._exit(17)
 
-            ccd._local = die
+            protocol._local = die
         start = time.monotonic()
         compile_cache.compile_regions(model, example_inputs=(x,), backend="aot_eager")
         with torch.no_grad():
@@ -296,9 +297,9 @@ def test_stale_lock_of_another_host_times_out_and_leader_compiles(
     import torch
 
     import compile_cache
-    from compile_cache import distributed as ccd
-    from compile_cache.cache import session_for
     from compile_cache.demo import TinyTransformer
+    from compile_cache.distributed import WarmUpReport, protocol
+    from compile_cache.session import session_for
 
     monkeypatch.setenv("COMPILE_CACHE_LOCK", "mkdir")
     monkeypatch.setenv("COMPILE_CACHE_LOCK_TIMEOUT", "1")
@@ -310,9 +311,9 @@ def test_stale_lock_of_another_host_times_out_and_leader_compiles(
     lockdir = session.store.locks_dir / f"{session.key}.lockdir"
     lockdir.mkdir(parents=True)
     (lockdir / "owner").write_text(f"other-node:4242:{time.time():.3f}\n")  # alive elsewhere
-    report = ccd.WarmUpReport(mode="shared", role="leader", key=session.key)
+    report = WarmUpReport(mode="shared", role="leader", key=session.key)
     start = time.monotonic()
-    ccd._compile_under_lock(report, model, (x,), False, session, "sig")
+    protocol._compile_under_lock(report, model, (x,), False, session, "sig")
     assert time.monotonic() - start < 30
     assert any("lock timeout" in n for n in report.notes)
     assert compile_cache.region_stats(model)  # compiled and ran
@@ -341,10 +342,9 @@ def test_warm_up_restores_training_state(tmp_path: Path) -> None:
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-def test_hazards_name_threads_devices_and_env_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hazards_name_threads_devices_and_env_fields(fresh_state: None) -> None:
     from compile_cache import distributed as ccd
 
-    monkeypatch.setattr(ccd, "_warned_hazards", False)
     infos = [
         {"threads": 8, "device": "cuda:0", "env": {"torch": "2.13", "cpu_threads": "8"}},
         {"threads": 4, "device": "cuda:3", "env": {"torch": "2.12", "cpu_threads": "4"}},
@@ -370,8 +370,8 @@ def test_mode_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_publish_skips_member_names_the_key_already_has(tmp_path: Path) -> None:
     """A rank that compiled the same graphs (byte-different files) adds no duplicate pack."""
-    from compile_cache.cache import CacheSession
     from compile_cache.demo import TinyTransformer
+    from compile_cache.session import CacheSession
     from compile_cache.store import Store
 
     store = Store(tmp_path / "store")
@@ -391,6 +391,24 @@ def test_publish_skips_member_names_the_key_already_has(tmp_path: Path) -> None:
     session._publish(FakeCapture({"inductor/xx/k.so": b"so1", "inductor/yy/new.so": b"n"}), 1.0)  # type: ignore[arg-type]
     assert session.report.published_packs == 1
     assert session.known_members() >= {"inductor/yy/new.so", "inductor/xx/k.so"}
+
+
+def test_cross_rank_hazards_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from compile_cache.distributed import cross_rank_hazards
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    hazards = cross_rank_hazards()
+    assert any("set_num_threads" in h for h in hazards)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    hazards = cross_rank_hazards()
+    assert isinstance(hazards, list)
+    if not torch.cuda.is_available():
+        assert hazards == []
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads() + 3))
+    assert any("OMP_NUM_THREADS" in h for h in cross_rank_hazards())
 
 
 if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--child":

@@ -11,8 +11,8 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from accelerate.utils import TorchDynamoPlugin  # noqa: E402
 
+from compile_cache import compile_regions, get_plan, region_stats  # noqa: E402
 from compile_cache.integrations import accelerate as integration  # noqa: E402
-from compile_cache.regions import _RegionRunner, compile_regions, get_plan, region_stats  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 
@@ -65,7 +65,9 @@ def test_install_routes_plugin_to_compile_regions(tiny_gpt2):
     # ours: the same object, compiled in place; no OptimizedModule, no "_orig_mod" keys
     assert prepared is model and list(model.state_dict()) == keys
     assert get_plan(model) is not None and get_plan(model).compile_kwargs == {"backend": "eager"}
-    assert all(isinstance(b._compiled_call_impl, _RegionRunner) for b in model.transformer.h)
+    blocks = {f"transformer.h.{i}" for i in range(len(model.transformer.h))}
+    assert [set(g.names) for g in get_plan(model).groups] == [blocks]  # one group of every block
+    assert all(b._compiled_call_impl is not None for b in model.transformer.h)  # compiled in place
     # the mixed-precision wrapper sits on the root's forward; the blocks still run compiled code
     assert "forward" in model.__dict__
     stats = region_stats(model)

@@ -1,162 +1,24 @@
-"""Regional compilation by fingerprint (compile_cache.regions)."""
+"""Compiled call paths installed in place, and eager runs / recompiles reported (compile_cache.regions)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 
 import pytest
 import torch
-from torch import nn
+from _region_models import Block, MixedModel, SeqModel
 from torch._dynamo.utils import counters
 
-from compile_cache import regions
+from compile_cache import compile_regions, regions
 from compile_cache.regions import (
     RegionEagerWarning,
     RegionRecompileWarning,
-    compile_regions,
     get_plan,
-    plan_regions,
     region_stats,
 )
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
-
-
-# ---------------------------------------------------------------- plain nn models
-
-
-class Block(nn.Module):
-    def __init__(self, d: int = 8) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d, 2 * d)
-        self.fc2 = nn.Linear(2 * d, d)
-        self.norm = nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x + self.fc2(torch.relu(self.fc1(x))))
-
-
-class OtherBlock(nn.Module):
-    def __init__(self, d: int = 8) -> None:
-        super().__init__()
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.proj(x)) * 0.5 + x
-
-
-class Head(nn.Module):
-    def __init__(self, d: int = 8) -> None:
-        super().__init__()
-        self.out = nn.Linear(d, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.nn.functional.gelu(x))
-
-
-class SeqModel(nn.Module):
-    """Repeats in a Sequential; an embedding leaf, a custom head outside the regions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(4, 8)
-        self.blocks = nn.Sequential(Block(), Block(), Block())
-        self.head = Head()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.inp(x)))
-
-
-class MixedModel(nn.Module):
-    """Alternating block types in a ModuleList, repeats in a ModuleDict and plain attributes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([Block(), OtherBlock(), Block(), OtherBlock()])
-        self.branches = nn.ModuleDict({"a": Block(16), "b": Block(16)})
-        self.up = nn.Linear(8, 16)
-        self.enc1 = Head(16)
-        self.enc2 = Head(16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        y = self.up(x)
-        y = self.branches["a"](y) + self.branches["b"](y)
-        return self.enc1(y) - self.enc2(y)
-
-
-class Nested(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stages = nn.ModuleList(
-            [nn.Sequential(Block(), Block(), Block()), nn.Sequential(Block(), Block(), Block())]
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for s in self.stages:
-            x = s(x)
-        return x
-
-
-def _groups(plan: regions.RegionPlan) -> dict[str, tuple[str, ...]]:
-    return {g.class_name.rsplit(".", 1)[-1]: g.names for g in plan.groups}
-
-
-def test_plan_sequential_and_rest():
-    plan = plan_regions(SeqModel())
-    assert _groups(plan) == {"Block": ("blocks.0", "blocks.1", "blocks.2")}
-    rest = {p.name: p.compiled for p in plan.rest}
-    # the custom head is compiled on its own; the lone Linear stays eager; ancestors are glue
-    assert rest == {"": False, "inp": False, "blocks": False, "head": True}
-    assert plan.expected_graphs == 2
-    text = str(plan)
-    assert "inp" in text and "single torch.nn op" in text and "contains regions" in text
-    json.dumps(plan.to_dict())
-    d = plan.to_dict()
-    assert d["groups"][0]["fingerprint"] == plan.groups[0].fingerprint
-    assert len(d["groups"][0]["fingerprint"]) == 32
-    assert d["groups"][0]["class_name"].endswith("Block")
-
-
-def test_plan_mixed_moduledict_attributes():
-    plan = plan_regions(MixedModel())
-    groups = {g.names for g in plan.groups}
-    assert groups == {
-        ("layers.0", "layers.2"),
-        ("layers.1", "layers.3"),
-        ("branches.a", "branches.b"),
-        ("enc1", "enc2"),
-    }
-    # Linears inside the blocks are never regions of their own
-    assert not any(n.endswith("fc1") for g in plan.groups for n in g.names)
-    assert {p.name for p in plan.rest} == {"", "layers", "branches", "up"}
-    assert plan.expected_graphs == 4
-
-
-def test_plan_nested_stacks_are_maximal():
-    plan = plan_regions(Nested())
-    assert [g.names for g in plan.groups] == [("stages.0", "stages.1")]
-
-
-def test_plan_no_repeats_compiles_whole_and_leaves_not_regions():
-    plan = plan_regions(Head())
-    assert plan.groups == () and [(p.name, p.compiled) for p in plan.rest] == [("", True)]
-    # identical Linears / Dropouts repeat but are single torch.nn ops: no region
-    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(), nn.Linear(4, 4), nn.Dropout())
-    assert plan_regions(m).groups == ()
-
-
-def test_plan_gpt2(tiny_gpt2):
-    plan = plan_regions(tiny_gpt2(n_layer=3))
-    assert [g.names for g in plan.groups] == [
-        ("transformer.h.0", "transformer.h.1", "transformer.h.2")
-    ]
-    eager = {p.name for p in plan.eager_rest}
-    assert {"transformer.wte", "transformer.wpe", "transformer.drop", "transformer.ln_f"} <= eager
-    assert "lm_head" in eager and plan.compiled_rest == ()
 
 
 # ---------------------------------------------------------------- compile in place
@@ -273,7 +135,7 @@ def test_llama_groups_rest_and_layer_idx_warning(counting_backend, tiny_llama):
 def test_eager_fallback_is_reported(counting_backend):
     model = SeqModel()
     with contextlib.ExitStack() as stack:
-        if regions._PER_CALL_RECOMPILE_LIMIT:
+        if regions.PER_CALL_RECOMPILE_LIMIT:
             compile_regions(model, backend=counting_backend, recompile_limit=1, dynamic=False)
         else:  # torch 2.11: no per-call limit; a global one, which compile_regions raises to 3
             stack.enter_context(torch._dynamo.config.patch(recompile_limit=1))
@@ -323,39 +185,6 @@ def test_instance_forward_and_accelerate_hooks_run_compiled(counting_backend):
     assert len(counting_backend.graphs) == plan.expected_graphs == 3
     assert all(s["eager_calls"] == 0 for s in region_stats(model).values())
     assert hasattr(model.blocks[0], "_hf_hook")
-
-
-def test_disable_and_bad_input(monkeypatch):
-    model = SeqModel()
-    x = torch.randn(2, 4)
-    ref = model(x)
-    assert compile_regions(model, disable=True) is model
-    assert all(m._compiled_call_impl is None for m in model.modules())
-    assert get_plan(model).disabled and get_plan(model).expected_graphs == 0
-    torch.testing.assert_close(model(x), ref)
-    with pytest.raises(TypeError, match="list"):
-        compile_regions([1, 2])
-    with pytest.raises(TypeError, match="bakend"):
-        compile_regions(model, bakend="eager")
-    with pytest.raises(TypeError, match="42"):
-        compile_regions(model, cache_dir=42)
-    with pytest.raises(TypeError, match="_orig_mod"):
-        compile_regions(torch.compile(model))
-    with pytest.raises(TypeError, match="int"):
-        plan_regions(3)
-    seen = {}
-
-    def fake_open_session(m, plan, kw, cache_dir, precompile):
-        seen.update(model=m, plan=plan, kw=kw, cache_dir=cache_dir, precompile=precompile)
-        return None
-
-    from compile_cache import cache
-
-    monkeypatch.setattr(cache, "open_session", fake_open_session)
-    compile_regions(model, backend="eager", cache_dir="/tmp/x")
-    assert seen["model"] is model and seen["kw"] == {"backend": "eager"}
-    assert seen["cache_dir"] == "/tmp/x" and seen["plan"].groups
-    assert seen["precompile"] is False
 
 
 @pytest.mark.inductor

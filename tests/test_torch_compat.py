@@ -271,13 +271,13 @@ def test_portable_configs_missing_keys_without_them(
 ) -> None:
     from torch.utils._config_module import ConfigModule
 
-    from compile_cache import environment
+    from compile_cache import keys
 
     missing(ConfigModule, "save_config_portable")  # the method of every torch config module
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        env = environment.environment()
-        environment.environment()
+        env = keys.environment()
+        keys.environment()
     assert env["inductor_config"] == env["dynamo_config"] == "unavailable"
     assert len(env["cpu_capability"]) > 0  # the rest of the key is still there
     _check_missing(record, "configs.portable")
@@ -336,7 +336,7 @@ def test_default_store_missing_falls_back_to_collectives(
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    from compile_cache import distributed as rendezvous
+    from compile_cache.distributed import rendezvous
     from compile_cache.torch_compat import c10d
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
@@ -345,8 +345,8 @@ def test_default_store_missing_falls_back_to_collectives(
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             assert c10d.default_store() is None
-            assert rendezvous._wait_for("compile_cache/test", 5.0, "nobody") is True  # a barrier
-            assert rendezvous._barrier("compile_cache/test-barrier", 5.0) is True
+            assert rendezvous.wait_for("compile_cache/test", 5.0, "nobody") is True  # a barrier
+            assert rendezvous.barrier("compile_cache/test-barrier", 5.0) is True
         _check_missing(record, "c10d.default_store")
     finally:
         dist.destroy_process_group()

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from ..regions import compile_regions
+from ..api import compile_regions
 
 logger = logging.getLogger("compile_cache")
 

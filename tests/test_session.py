@@ -1,4 +1,5 @@
-"""compile_regions with a store: a fresh process on a "new node" restores instead of compiling.
+"""The store session (compile_cache.session): a fresh process on a "new node" restores instead of
+compiling, and what a forward compiled is published.
 
 The real Inductor runs happen in child processes (tests/_cache_child.py), each with its own empty
 TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, as on a new node; they share one store. The fault
@@ -21,8 +22,9 @@ import torch
 from _store_helpers import craft_pack
 
 import compile_cache
-from compile_cache import cache
+from compile_cache import session
 from compile_cache.demo import TinyTransformer
+from compile_cache.keys import entry_key
 from compile_cache.store import Store
 
 CHILD = Path(__file__).with_name("_cache_child.py")
@@ -114,23 +116,10 @@ def _model(width: int = 32, dtype: torch.dtype = torch.float32) -> TinyTransform
     return TinyTransformer(layers=2, width=width, heads=2, vocab=64).eval().to(dtype)
 
 
-def test_key_changes_with_shape_dtype_and_compile_kwargs() -> None:
-    def key(model: TinyTransformer, **kwargs: object) -> str:
-        return cache.entry_key(model, compile_cache.plan_regions(model), kwargs, False)
-
-    base = key(_model())
-    assert key(_model()) == base
-    assert key(_model(width=16)) != base
-    assert key(_model(dtype=torch.float64)) != base
-    assert key(_model(), mode="max-autotune") != base
-    assert key(_model(), dynamic=True) != base
-    assert cache.entry_key(_model(), compile_cache.plan_regions(_model()), {}, True) != base
-
-
 def _planted(store_dir: Path, model: TinyTransformer, members: dict[str, bytes]) -> tuple[Store, str]:
     """A store holding one pack under the key compile_regions(model, backend="eager") will use."""
     store = Store(store_dir)
-    key = cache.entry_key(model, compile_cache.plan_regions(model), {"backend": "eager"}, False)
+    key = entry_key(model, compile_cache.plan_regions(model), {"backend": "eager"}, False)
     assert store.publish(key, members) is not None
     return store, key
 
@@ -221,7 +210,7 @@ def test_cache_dir_false_uses_no_store(tmp_path: Path, dynamo_reset: None) -> No
 def test_bad_precompile_env_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", "maybe")
     with pytest.raises(compile_cache.ConfigError, match="maybe"):
-        cache.precompile_requested(None)
+        session.precompile_requested(None)
 
 
 def test_unsafe_store_is_refused(tmp_path: Path, dynamo_reset: None) -> None:
@@ -236,7 +225,7 @@ def test_unsafe_store_is_refused(tmp_path: Path, dynamo_reset: None) -> None:
 def test_precompile_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     # Precompile keeps only portable guards: an attribute changed after compiling goes unnoticed.
     monkeypatch.delenv("COMPILE_CACHE_PRECOMPILE", raising=False)
-    assert cache.precompile_requested(None) is False
+    assert session.precompile_requested(None) is False
     monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", "1")
-    assert cache.precompile_requested(None) is True
-    assert cache.precompile_requested(False) is False
+    assert session.precompile_requested(None) is True
+    assert session.precompile_requested(False) is False

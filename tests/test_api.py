@@ -1,7 +1,5 @@
-"""``compile_cache.warm.warm``: the Python API behind ``compile-cache warm`` (eager backend: fast).
-
-The real Inductor round trip (publish, then a hit in a new process) is in test_cli.py.
-"""
+"""compile_cache.api: the pipeline of compile_regions, and warm, the ahead-of-time grid behind
+``compile-cache warm`` (eager backend: fast; the real Inductor round trip is in test_cli.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +8,48 @@ from pathlib import Path
 import pytest
 import torch
 from _cli_targets import TinyMLP
+from _region_models import SeqModel
 
+from compile_cache import api, compile_regions, get_plan, plan_regions
+from compile_cache.api import WarmResult, warm
 from compile_cache.errors import ConfigError
-from compile_cache.warm import WarmResult, _loss, describe_inputs, warm
+from compile_cache.keys import entry_key
 
 
+# -- compile_regions ------------------------------------------------------------------------------
+def test_disable_and_bad_input(monkeypatch, dynamo_reset):
+    model = SeqModel()
+    x = torch.randn(2, 4)
+    ref = model(x)
+    assert compile_regions(model, disable=True) is model
+    assert all(m._compiled_call_impl is None for m in model.modules())
+    assert get_plan(model).disabled and get_plan(model).expected_graphs == 0
+    torch.testing.assert_close(model(x), ref)
+    with pytest.raises(TypeError, match="list"):
+        compile_regions([1, 2])
+    with pytest.raises(TypeError, match="bakend"):
+        compile_regions(model, bakend="eager")
+    with pytest.raises(TypeError, match="42"):
+        compile_regions(model, cache_dir=42)
+    with pytest.raises(TypeError, match="_orig_mod"):
+        compile_regions(torch.compile(model))
+    with pytest.raises(TypeError, match="int"):
+        plan_regions(3)
+    seen = {}
+
+    def fake_open_session(m, plan, key, cache_dir, precompile):
+        seen.update(model=m, plan=plan, key=key, cache_dir=cache_dir, precompile=precompile)
+        return None
+
+    monkeypatch.setattr(api, "open_session", fake_open_session)
+    compile_regions(model, backend="eager", cache_dir="/tmp/x")
+    assert seen["model"] is model and seen["plan"].compile_kwargs == {"backend": "eager"}
+    assert seen["cache_dir"] == "/tmp/x" and seen["plan"].groups
+    assert seen["key"] == entry_key(model, seen["plan"], {"backend": "eager"}, False)
+    assert seen["precompile"] is False
+
+
+# -- warm -------------------------------------------------------------------------------------------
 def test_one_result_per_shape_in_order(tmp_path: Path, dynamo_reset: None) -> None:
     model = TinyMLP()
     results = warm(model, [torch.randn(2, 16), torch.randn(3, 16)], cache_dir=tmp_path / "s", backend="eager")
@@ -66,18 +101,10 @@ def test_bad_arguments_raise_config_error(model: object, inputs: object, match: 
         warm(model, inputs, cache_dir=tmp_path / "s", backend="eager")  # type: ignore[arg-type]
 
 
-def test_describe_inputs() -> None:
-    assert describe_inputs(torch.zeros(2, 3)) == "2x3"
-    assert describe_inputs(torch.tensor(1.0)) == "scalar"
-    assert describe_inputs((torch.zeros(4), 7)) == "4, int"
-    assert describe_inputs({"input_ids": torch.zeros(1, 8), "use_cache": False}) == "input_ids=1x8"
+def test_train_without_anything_to_backpropagate_is_a_clear_error(tmp_path: Path, dynamo_reset: None) -> None:
+    class NoGrad(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
 
-
-def test_loss_prefers_logits_mean_else_sum() -> None:
-    class Out:
-        logits = torch.ones(2, 2, requires_grad=True)
-
-    assert _loss(Out()).item() == pytest.approx(1.0)
-    assert _loss((torch.ones(3, requires_grad=True), 1)).item() == pytest.approx(3.0)
     with pytest.raises(ConfigError, match="requires grad"):
-        _loss(torch.ones(3))
+        warm(NoGrad(), [torch.randn(1, 4)], cache_dir=False, train=True, backend="eager")

@@ -1,11 +1,17 @@
-"""The environment key: everything outside the model that makes torch's compiled code differ.
+"""The keys: the store key of a compile, and the environment key inside it.
 
-An artifact compiled under one environment is only restored under an equal one, because torch's
-own cache keys (``FxGraphHashDetails`` in ``torch/_inductor/codecache.py``) contain the same
-things and any difference is a silent miss at best. The fields mirror that key: torch build,
-Python, Triton, CUDA, device name and capability, the CPU thread count (``get_num_threads()`` is in
-the FX key of CPU graphs), the default dtype, deterministic-algorithm settings, and digests of the
-Inductor, AOTAutograd (functorch) and Dynamo configs.
+**Store key** (:func:`entry_key`) = hash of the model's fingerprint, the region plan, the
+``torch.compile`` keywords (canonical form: JSON-able, process-independent), the environment key
+and whether precompile is on. Equal settings give one key; an entry of the store is one key.
+
+**Environment key** (:func:`environment`, :func:`environment_digest`): everything outside the
+model that makes torch's compiled code differ. An artifact compiled under one environment is
+only restored under an equal one, because torch's own cache keys (``FxGraphHashDetails`` in
+``torch/_inductor/codecache.py``) contain the same things and any difference is a silent miss at
+best. The fields mirror that key: torch build, Python, Triton, CUDA, device name and capability,
+the CPU thread count (``get_num_threads()`` is in the FX key of CPU graphs), the default dtype,
+deterministic-algorithm settings, and digests of the Inductor, AOTAutograd (functorch) and Dynamo
+configs (read through :mod:`compile_cache.torch_compat.configs`).
 
 Everything here is cheap (no Triton import, no CUDA initialisation when CUDA is absent) and stable
 across processes (no ``hash()``, no ids, no addresses, no paths).
@@ -17,30 +23,73 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import platform
 import re
 import sys
 from typing import Any
 
+from .fingerprint import fingerprint
 from .torch_compat import configs as torch_configs
 from .torch_compat import isa
 
-__all__ = ["cross_rank_hazards", "environment", "environment_digest"]
+__all__ = ["KEY_FORMAT", "entry_key", "environment", "environment_digest"]
+
+KEY_FORMAT = 1
+
+
+# --------------------------------------------------------------------------------------------
+# The store key
+
+
+def _describe_callable(value: object) -> str:
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return f"{module}.{name}"
+
+
+def _canonical_kwargs(value: Any) -> Any:
+    """A JSON-able, process-independent form of a torch.compile keyword value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _canonical_kwargs(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_kwargs(v) for v in value]
+    if callable(value):
+        return _describe_callable(value)
+    return repr(value)
+
+
+def entry_key(model: Any, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> str:
+    """The store key: model fingerprint, plan, torch.compile keywords, environment, precompile."""
+    material = {
+        "format": KEY_FORMAT,
+        "model": fingerprint(model).hex,
+        "plan": plan.to_dict() if hasattr(plan, "to_dict") else repr(plan),
+        "compile": _canonical_kwargs(compile_kwargs),
+        "environment": environment_digest(),
+        "precompile": precompile,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------------------------
+# The environment key
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _canonical(value: Any) -> Any:
+def _canonical_config(value: Any) -> Any:
     """A JSON-able, process-independent form of a config value."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [_canonical_config(v) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+        return sorted((_canonical_config(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): _canonical_config(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     uuid = getattr(value, "uuid", None)
     if callable(uuid):  # custom passes (CustomGraphPass) identify themselves this way
         try:
@@ -58,7 +107,7 @@ def _config_digest(data: dict[str, Any] | None) -> str:
     """sha256 (first 32 hex) of a torch config's portable dict, canonicalised."""
     if data is None:  # torch_compat's configs capability is missing (warned)
         return "unavailable"
-    blob = json.dumps(_canonical(data), sort_keys=True, separators=(",", ":"))
+    blob = json.dumps(_canonical_config(data), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -140,59 +189,3 @@ def environment_digest(env: dict[str, str] | None = None) -> str:
     blob = json.dumps(env, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-
-def cross_rank_hazards() -> list[str]:
-    """Settings that make torch's cache keys differ between ranks: each a message with its fix.
-
-    Two silent-miss hazards: (1) a CUDA device index other than 0 is part of the FX-graph key
-    (inputs on ``cuda:3`` never hit entries compiled on ``cuda:0``); (2) on CPU the thread count
-    (``torch.get_num_threads()``) is part of the key, and its default follows the cores the process
-    sees. Never raises; returns [] when nothing is at risk.
-    """
-    hazards: list[str] = []
-    try:
-        import torch
-
-        local_rank = os.environ.get("LOCAL_RANK")
-        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-        device_index: int | None = None
-        try:
-            if torch.cuda.is_available():
-                device_index = torch.cuda.current_device()
-        except Exception:
-            device_index = None
-        if device_index is not None and device_index != 0:
-            hazards.append(
-                f"CUDA device index {device_index} is in use: torch's FX-graph key holds the "
-                "device index, so ranks on different indices never share compiled code. Fix: "
-                "`torchrun --virtual-local-rank`, or set CUDA_VISIBLE_DEVICES per rank so each "
-                "rank sees its GPU as cuda:0."
-            )
-        elif (
-            device_index is not None
-            and local_rank not in (None, "0")
-            and (cvd is None or "," in cvd)
-        ):
-            hazards.append(
-                f"LOCAL_RANK={local_rank} with CUDA_VISIBLE_DEVICES={cvd!r}: if this rank moves "
-                f"to cuda:{local_rank} its cache keys will differ from rank 0's. Fix: "
-                "`torchrun --virtual-local-rank`, or one GPU per rank via CUDA_VISIBLE_DEVICES."
-            )
-        omp = os.environ.get("OMP_NUM_THREADS")
-        threads = torch.get_num_threads()
-        if omp is None:
-            hazards.append(
-                f"CPU thread count ({threads}) is not pinned: it is part of torch's FX-graph key "
-                "for CPU code and its default follows the cores each process sees, so ranks or "
-                "nodes with different core counts miss each other's entries. Fix: set "
-                "OMP_NUM_THREADS or call torch.set_num_threads(N) with a fixed N before compiling."
-            )
-        elif omp.strip().isdigit() and int(omp) != threads:
-            hazards.append(
-                f"torch.get_num_threads() is {threads} but OMP_NUM_THREADS={omp}: the thread count "
-                "in torch's key is not the one configured. Fix: call torch.set_num_threads(N) "
-                "with one fixed N everywhere before compiling."
-            )
-    except Exception as e:  # pragma: no cover - a sketch must never break the caller
-        hazards.append(f"could not check cross-rank hazards: {e}")
-    return hazards

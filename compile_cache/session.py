@@ -1,22 +1,28 @@
-"""Ties a regional compile to the store: restore before compiling, publish what forwards compiled.
+"""A model's link to the store: restore before compiling, capture what forwards compiled, publish.
 
 The data flows one way: model -> fingerprint -> key -> store (restore) -> torch.compile -> first
-forward -> capture -> store (publish). ``regions.py`` calls :func:`open_session` before it compiles
-(Dynamo looks for precompiled entries when ``torch.compile`` wraps a function, so restoring must
-come first) and :meth:`CacheSession.attach` after. This module knows neither the disk layout
-(``store.py``) nor torch's cache internals (``artifacts.py``).
+forward -> capture -> store (publish). ``compile_regions`` opens the session (:func:`open_session`)
+before it compiles (Dynamo looks for precompiled entries when ``torch.compile`` wraps a function,
+so restoring must come first) and has it hear of each call's end after. This module knows
+neither the disk layout (``compile_cache.store``) nor torch's cache internals
+(``compile_cache.artifacts``, ``compile_cache.torch_compat``).
+
+The distributed warm-up works through the session's public methods: :attr:`CacheSession.entry_info`,
+:meth:`~CacheSession.tagged` (metadata for the packs it publishes), :meth:`~CacheSession.lock`,
+:meth:`~CacheSession.entry`, :meth:`~CacheSession.packs_to_send` and
+:meth:`~CacheSession.publish_received`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,15 +30,20 @@ from torch import nn
 
 from . import _warnings, artifacts, config, torch_compat
 from ._sizes import format_size
-from .environment import environment_digest
 from .errors import CompileCacheError, UnsafeStoreError
-from .fingerprint import fingerprint
-from .store import Store
+from .store import EntryInfo, Store
 from .torch_compat import dynamo, isa
 
 logger = logging.getLogger("compile_cache")
 
-KEY_FORMAT = 1
+__all__ = [
+    "CacheReport",
+    "CacheSession",
+    "last_report",
+    "open_session",
+    "precompile_requested",
+    "session_for",
+]
 
 
 @dataclasses.dataclass
@@ -110,52 +121,6 @@ def precompile_requested(precompile: bool | None) -> bool:
     return bool(config.PRECOMPILE.value())
 
 
-def with_precompile(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``torch.compile`` keywords that also save and load Dynamo's traced code (precompile).
-
-    Turns on Dynamo's caching precompile for the process and keeps only portable guards: the
-    class and identity guards it drops are what our fingerprint key already checks, and each
-    region group has its own code object, so groups never share a precompiled entry.
-    """
-    kwargs = dict(compile_kwargs)
-    if dynamo.enable_precompile():
-        kwargs["options"] = {**(kwargs.get("options") or {}), **dynamo.precompile_options()}
-    return kwargs
-
-
-def _describe_callable(value: object) -> str:
-    name = getattr(value, "__qualname__", None) or type(value).__qualname__
-    module = getattr(value, "__module__", None) or type(value).__module__
-    return f"{module}.{name}"
-
-
-def _canonical(value: Any) -> Any:
-    """A JSON-able, process-independent form of a torch.compile keyword value."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if callable(value):
-        return _describe_callable(value)
-    return repr(value)
-
-
-def entry_key(model: nn.Module, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> str:
-    """The store key: model fingerprint, plan, torch.compile keywords, environment, precompile."""
-    material = {
-        "format": KEY_FORMAT,
-        "model": fingerprint(model).hex,
-        "plan": plan.to_dict() if hasattr(plan, "to_dict") else repr(plan),
-        "compile": _canonical(compile_kwargs),
-        "environment": environment_digest(),
-        "precompile": precompile,
-    }
-    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
 class CacheSession:
     """One model's link to the store: restores at open, publishes after forwards that compiled."""
 
@@ -181,9 +146,7 @@ class CacheSession:
         self._capture: artifacts.Capture | None = None
         self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.Lock()
-        #: Merged into the header metadata of packs published from now on (the distributed
-        #: warm-up tags its packs with the signature of its example inputs).
-        self.extra_metadata: dict[str, Any] = {}
+        self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -268,7 +231,7 @@ class CacheSession:
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
                 "isa_probe": artifacts.isa_probe_answers(),
-                **self.extra_metadata,
+                **self._tags,
             },
             entry_info=self._entry_info,
             compile_seconds=seconds,
@@ -302,24 +265,80 @@ class CacheSession:
         self.store.record_error(kind)
         _warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}")
 
+    # -- what the distributed warm-up uses ---------------------------------------------------------
+    @property
+    def entry_info(self) -> dict[str, Any]:
+        """What the key's ``entry.json`` records (model class, torch, device, regions)."""
+        return dict(self._entry_info)
+
+    @property
+    def location(self) -> str:
+        """The store's directory."""
+        return str(self.store.root)
+
+    @property
+    def tags(self) -> dict[str, Any]:
+        """The metadata the packs published now are tagged with (see :meth:`tagged`)."""
+        return dict(self._tags)
+
+    @contextlib.contextmanager
+    def tagged(self, **metadata: Any) -> Iterator[None]:
+        """Tag the packs published inside the block with ``metadata`` (merged into their header
+        metadata); the earlier tags come back after it. The distributed warm-up tags its packs
+        with the signature of its example inputs."""
+        previous = dict(self._tags)
+        self._tags.update(metadata)
+        try:
+            yield
+        finally:
+            self._tags = previous
+
+    def lock(self, timeout: float | None) -> Any:
+        """The store's lock of this key (only avoids duplicate compiles; never needed for
+        correctness)."""
+        return self.store.lock(self.key, timeout=timeout)
+
+    def entry(self) -> EntryInfo | None:
+        """The key's entry in the store now (its packs' names and metadata), or None."""
+        return self.store.entry(self.key)
+
+    def packs_to_send(self, receiver_packs: list[set[str]]) -> list[dict[str, Any]]:
+        """The key's packs that at least one receiver lacks (``receiver_packs``: the pack names
+        each receiver holds), as plain data for ``broadcast_object_list``."""
+        out = []
+        for pack in self.store.load(self.key):
+            if receiver_packs and all(pack.info.name in have for have in receiver_packs):
+                continue
+            out.append(
+                {
+                    "members": pack.members,
+                    "metadata": dict(pack.header.get("metadata") or {}),
+                    "compile_seconds": pack.info.compile_seconds,
+                }
+            )
+        logger.info("compile_cache: broadcasting %d pack(s) of %s", len(out), self.key[:12])
+        return out
+
+    def publish_received(self, packs: list[dict[str, Any]]) -> int:
+        """Publish packs another rank sent (``packs_to_send``'s form) into this store; how many."""
+        count = 0
+        for pack in packs:
+            self.store.publish(
+                self.key,
+                pack["members"],
+                metadata=pack.get("metadata"),
+                entry_info=self._entry_info,
+                compile_seconds=float(pack.get("compile_seconds") or 0.0),
+            )
+            count += 1
+        return count
+
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
-        """Observes the model's outermost call, outside any compiled code."""
+        """Makes this the session :func:`session_for` finds for ``model``."""
         _sessions[model] = self
-        runner = model.__dict__.get("_compiled_call_impl")
-        if runner is not None:  # the root itself is compiled: wrap its compiled call
-            model._compiled_call_impl = _ObservedCall(runner, self)
-            return
-        handle_pre = model.register_forward_pre_hook(_start_timer)
-        handle_post = model.register_forward_hook(_make_post_hook(self))
-        old = getattr(model, "_compile_cache_hooks", None)
-        if old:
-            for handle in old:
-                handle.remove()
-        model.__dict__["_compile_cache_hooks"] = (handle_pre, handle_post)
 
 
-_clock = threading.local()
 # model -> its session, for warm_up(); weak so a dropped model frees its session, and outside the
 # module's __dict__ so copy.deepcopy(model) does not try to copy locks.
 _sessions: weakref.WeakKeyDictionary[nn.Module, CacheSession] = weakref.WeakKeyDictionary()
@@ -333,33 +352,6 @@ def session_for(model: nn.Module) -> CacheSession | None:
         return None
 
 
-def _start_timer(module: nn.Module, args: Any) -> None:
-    _clock.start = time.perf_counter()
-
-
-def _make_post_hook(session: CacheSession) -> Any:
-    def _after(module: nn.Module, args: Any, output: Any) -> None:
-        session.after_forward(time.perf_counter() - getattr(_clock, "start", time.perf_counter()))
-
-    return _after
-
-
-class _ObservedCall:
-    """Wraps a compiled root call so the session sees each forward end, outside compiled code."""
-
-    __slots__ = ("__wrapped__", "session")
-
-    def __init__(self, wrapped: Any, session: CacheSession) -> None:
-        self.__wrapped__ = getattr(wrapped, "__wrapped__", wrapped)
-        self.session = session
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = self.__wrapped__(*args, **kwargs)
-        self.session.after_forward(time.perf_counter() - start)
-        return out
-
-
 def _device_of(model: nn.Module) -> str:
     for tensor in model.parameters():
         return str(tensor.device.type)
@@ -371,7 +363,7 @@ _fallbacks_counted: set[str] = set()
 
 def _count_backend_fallback(store: Store) -> None:
     """Counts, once per process and store, that the fingerprint runs on the Python fallback."""
-    from .fingerprint import backend_fallbacks
+    from .fingerprint import backend_fallbacks  # type: ignore[attr-defined]
 
     if backend_fallbacks and str(store.root) not in _fallbacks_counted:
         _fallbacks_counted.add(str(store.root))
@@ -381,11 +373,11 @@ def _count_backend_fallback(store: Store) -> None:
 def open_session(
     model: nn.Module,
     plan: Any,
-    compile_kwargs: dict[str, Any],
+    key: str,
     cache_dir: str | os.PathLike[str] | bool | None,
     precompile: bool,
 ) -> CacheSession | None:
-    """Opens the store for ``model`` and restores its packs; None when the store is off.
+    """Opens the store for ``model``'s ``key`` and restores its packs; None when the store is off.
 
     A store that cannot be used (I/O errors, a path that vanished) warns once and the job goes on
     without it; a store whose permissions would let others plant code is refused (raises).
@@ -401,7 +393,6 @@ def open_session(
         _warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}")
         return None
     _count_backend_fallback(store)
-    key = entry_key(model, plan, compile_kwargs, precompile)
     session = CacheSession(store, key, model, precompile, plan)
     isa.watch()  # what this process's probe answers goes into its packs
     try:
@@ -420,13 +411,3 @@ def _reset() -> None:
     with _report_lock:
         _last_report = None
     _fallbacks_counted.clear()
-
-
-__all__ = [
-    "CacheReport",
-    "CacheSession",
-    "entry_key",
-    "last_report",
-    "open_session",
-    "session_for",
-]

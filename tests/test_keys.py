@@ -1,4 +1,5 @@
-"""Tests of compile_cache.environment: fields, digest stability across processes, sensitivity."""
+"""compile_cache.keys: the store key (model, plan, keywords, environment, precompile) and the
+environment key (fields, digest stability across processes, sensitivity)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
-from compile_cache import environment as envmod
+import compile_cache
+from compile_cache import keys as envmod
+from compile_cache.demo import TinyTransformer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,7 +56,7 @@ def _digest_in_subprocess(seed: str, cwd: Path) -> str:
         [
             sys.executable,
             "-c",
-            "from compile_cache.environment import environment_digest; print(environment_digest())",
+            "from compile_cache.keys import environment_digest; print(environment_digest())",
         ],
         env=env,
         cwd=cwd,
@@ -101,15 +103,19 @@ def test_digest_of_given_env_is_order_independent() -> None:
     )
 
 
-def test_cross_rank_hazards_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    hazards = envmod.cross_rank_hazards()
-    assert any("set_num_threads" in h for h in hazards)
-    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    hazards = envmod.cross_rank_hazards()
-    assert isinstance(hazards, list)
-    if not torch.cuda.is_available():
-        assert hazards == []
-    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads() + 3))
-    assert any("OMP_NUM_THREADS" in h for h in envmod.cross_rank_hazards())
+def _model(width: int = 32, dtype: torch.dtype = torch.float32) -> TinyTransformer:
+    torch.manual_seed(0)
+    return TinyTransformer(layers=2, width=width, heads=2, vocab=64).eval().to(dtype)
+
+
+def test_key_changes_with_shape_dtype_and_compile_kwargs() -> None:
+    def key(model: TinyTransformer, **kwargs: object) -> str:
+        return envmod.entry_key(model, compile_cache.plan_regions(model), kwargs, False)
+
+    base = key(_model())
+    assert key(_model()) == base
+    assert key(_model(width=16)) != base
+    assert key(_model(dtype=torch.float64)) != base
+    assert key(_model(), mode="max-autotune") != base
+    assert key(_model(), dynamic=True) != base
+    assert envmod.entry_key(_model(), compile_cache.plan_regions(_model()), {}, True) != base

@@ -1,0 +1,286 @@
+"""compile_cache's API, the pipeline in order: ``compile_regions``, ``warm_up`` and ``warm``.
+
+``compile_regions(model)`` reads top to bottom as the data flows:
+
+1. **validate** the model and the ``torch.compile`` keywords;
+2. **plan** which blocks repeat (:mod:`.plan`);
+3. **key** the compile: model fingerprint, plan, keywords, environment (:mod:`.keys`);
+4. **session**: open the store and restore the key's packs before anything compiles
+   (:mod:`.session`);
+5. **prefetch**: start building Inductor's CPU ISA-probe libraries in the background, unless a
+   coordinated distributed warm-up will decide which rank compiles (:mod:`.prefetch`);
+6. **install** the compiled call paths in place (:mod:`.regions`);
+7. **attach** the session, so the end of each forward publishes what it compiled;
+8. **coordinate** the ranks of a distributed job (:mod:`.distributed`).
+
+``warm(model, [inputs, ...])`` is the ahead-of-time grid behind ``compile-cache warm``: it runs
+``compile_regions`` and then each example input through the one runner (:mod:`.warmup`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import distributed as _distributed
+from . import prefetch, regions, warmup
+from .errors import ConfigError
+from .keys import entry_key
+from .plan import check_module, plan_regions
+from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+
+logger = logging.getLogger("compile_cache")
+
+__all__ = ["WarmResult", "compile_regions", "warm", "warm_up"]
+
+#: Compile now, once per job: one rank per key compiles, the others restore.
+warm_up = _distributed.warm_up
+
+
+def _check_cache_dir(cache_dir: object) -> None:
+    if cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike)):
+        return
+    raise TypeError(f"cache_dir must be None, False, a str or a PathLike, got {cache_dir!r}")
+
+
+def compile_regions(
+    model: nn.Module,
+    *,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
+    precompile: bool | None = None,
+    example_inputs: Any = None,
+    distributed: str | None = None,
+    **torch_compile_kwargs: Any,
+) -> nn.Module:
+    """Compile ``model``'s repeated blocks and other parts in place; returns ``model`` itself.
+
+    A drop-in for ``accelerate.utils.compile_regions`` and ``torch.compile`` that accepts every
+    ``torch.compile`` keyword (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``,
+    ``disable``, ...). The model object, its class, ``state_dict()`` keys, parameters, hooks and
+    attributes stay as they are: each compiled module gets a compiled call path the way
+    ``nn.Module.compile()`` gives one. Identical blocks share one compiled graph; see
+    ``plan_regions`` for what is compiled and what stays eager. Calling it again re-plans and
+    keeps what is already compiled with the same keywords.
+
+    Hooks and instance-bound ``forward``s present at the first forward are traced into the
+    compiled code. Blocks that differ in them are planned apart (Dynamo does not guard on
+    hooks); hooks added or removed *after* the first forward are not noticed by torch: call
+    ``compile_regions`` again after changing them.
+
+    ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
+    ``False``: no store, a path: that store). With a store, matching packs are restored before
+    compiling, so a fresh process or node loads compiled code instead of compiling it; what the
+    forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
+    caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
+    a primitive attribute changed after compiling is not noticed (off by default for that
+    reason). ``compile_cache.last_report()`` says what was restored, compiled and published.
+
+    For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that are not already
+    there start building in the background, so the first compile does not wait for them one by
+    one; torch's probe still makes its own choice (``compile_cache.prefetch``,
+    ``COMPILE_CACHE_PREFETCH=0`` turns it off).
+
+    ``example_inputs`` (a tuple of positional inputs, a dict of keywords, or one tensor, shaped
+    like the real batches): compile now with :func:`compile_cache.warm_up` instead of at the first
+    forward (forward only under ``no_grad`` for a model in eval mode, forward and backward in
+    training mode). In a ``torch.distributed`` job, one rank per key compiles and the others
+    restore its artifacts; ``distributed`` (``shared``, ``broadcast`` or ``off``; default
+    ``COMPILE_CACHE_DISTRIBUTED`` or ``shared``) says how they get them (see
+    ``compile_cache.distributed``). Every rank must then call ``compile_regions`` at the same
+    point; apply DDP or ``fully_shard`` afterwards.
+    """
+    # 1. validate
+    check_module(model, "compile_regions")
+    regions.validate_kwargs(torch_compile_kwargs)
+    _check_cache_dir(cache_dir)
+    kwargs = dict(torch_compile_kwargs)
+    # 2. plan
+    plan = dataclasses.replace(
+        plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
+    )
+    session = None
+    use_precompile = False
+    if not plan.disabled:
+        use_precompile = precompile_requested(precompile) and cache_dir is not False
+        if cache_dir is not False:
+            # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled
+            # entries when torch.compile wraps a function)
+            key = entry_key(model, plan, kwargs, use_precompile)
+            session = open_session(model, plan, key, cache_dir, use_precompile)
+        use_precompile = use_precompile and session is not None
+        # 5. prefetch, after the restore (restored test libraries need no build); in a
+        # coordinated warm-up only the rank that compiles builds them (distributed.protocol)
+        if example_inputs is None or not _distributed.coordinates(distributed):
+            prefetch.start_for(model, kwargs)
+    # 6. install
+    regions.install(
+        model, plan, precompile=use_precompile,
+        on_precompile_error=session.precompile_failed if session is not None else None,
+    )
+    # 7. attach
+    if session is not None:
+        session.attach(model)
+        regions.observe_calls(model, session.after_forward)
+    # 8. coordinate
+    if example_inputs is not None:
+        _distributed.warm_up(model, example_inputs, mode=distributed)
+    else:
+        _distributed.note_lazy(model, distributed)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# warm: the ahead-of-time grid
+
+
+@dataclasses.dataclass
+class WarmResult:
+    """What warming one input shape did.
+
+    ``status``: ``"hit"`` (nothing compiled; code came from the store or the local cache),
+    ``"compiled"`` (Inductor compiled at least one graph for this shape), or ``"none"`` (nothing
+    went through Inductor's cache at all: a non-Inductor backend such as ``eager``, or code this
+    process had already compiled). ``seconds`` is the wall time of this shape's forward (and
+    backward); the first shape's also includes ``compile_regions`` (the store restore), so it is
+    the time to first output. The counters are this shape's share of :func:`last_report`.
+    """
+
+    shape: str
+    status: str
+    seconds: float
+    fxgraph_hits: int = 0
+    fxgraph_misses: int = 0
+    published_packs: int = 0
+    published_bytes: int = 0
+    restored_packs: int = 0
+    restored_bytes: int = 0
+    key: str | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``warm --json``)."""
+        return dataclasses.asdict(self)
+
+
+def _progress(items: Sequence[Any], enabled: bool) -> Iterator[tuple[Any, Callable[[str], None]]]:
+    """Iterate ``items`` under a tqdm bar on stderr (if enabled and tqdm is installed)."""
+    bar = None
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(items), file=sys.stderr, unit="shape", desc="warming")
+        except ImportError:
+            bar = None
+    try:
+        for item in items:
+            def note(text: str) -> None:
+                if bar is not None:
+                    bar.set_postfix_str(text, refresh=True)
+
+            yield item, note
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _status(misses: int, hits: int, restored: int) -> str:
+    if misses:
+        return "compiled"
+    if hits or restored:
+        return "hit"
+    return "none"
+
+
+def warm(
+    model: nn.Module,
+    example_inputs_list: Sequence[Any],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    train: bool = False,
+    precompile: bool | None = None,
+    progress: bool = False,
+    **compile_kwargs: Any,
+) -> list[WarmResult]:
+    """Compile ``model`` for every example input in ``example_inputs_list``; publish to the store.
+
+    ``model`` is compiled in place with :func:`compile_regions` (``cache_dir``, ``precompile`` and
+    ``compile_kwargs`` such as ``backend``, ``mode``, ``dynamic``, ``fullgraph`` go to it: use the
+    same ones as the job you warm for, they are part of the cache key). Inference runs under
+    ``torch.no_grad()`` with ``model.eval()``; ``train=True`` uses ``model.train()`` and runs a
+    backward too, so the backward graphs are cached as well. ``progress=True`` shows a tqdm bar
+    on stderr. Returns one :class:`WarmResult` per input, in order.
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"warm needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
+        raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
+    inputs_list = list(example_inputs_list)
+    if not inputs_list:
+        raise ConfigError("warm needs at least one example input")
+    for inputs in inputs_list:
+        warmup.check_inputs(inputs)
+
+    model.train(train)
+    before = last_report()
+    start = time.perf_counter()
+    compile_regions(model, cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
+    setup_seconds = time.perf_counter() - start
+    report: CacheReport | None = last_report()
+    if report is before:
+        report = None  # no store this time (unusable, or cache_dir=False): nothing to count
+    if report is not None:
+        logger.info("compile_cache warm: %s", report.summary())
+
+    results: list[WarmResult] = []
+    seen = _snapshot(report)
+    seen_errors = 0
+    restored = (report.restored_packs, report.restored_bytes) if report else (0, 0)
+    for index, (inputs, note) in enumerate(_progress(inputs_list, progress)):
+        label = warmup.describe_inputs(inputs)
+        note(label)
+        t0 = time.perf_counter()
+        run = warmup.run(model, inputs, train, session_for(model))
+        if train and not run.backward:
+            raise ConfigError("--train: the model's output has no tensor that requires grad")
+        seconds = time.perf_counter() - t0 + (setup_seconds if index == 0 else 0.0)
+        now = _snapshot(report)
+        delta = [a - b for a, b in zip(now, seen, strict=True)]
+        seen = now
+        errors = list(report.errors[seen_errors:]) if report else []
+        seen_errors += len(errors)
+        result = WarmResult(
+            shape=label,
+            status=_status(delta[1], delta[0], restored[0] if index == 0 else 0),
+            seconds=seconds,
+            fxgraph_hits=delta[0],
+            fxgraph_misses=delta[1],
+            published_packs=delta[2],
+            published_bytes=delta[3],
+            restored_packs=restored[0] if index == 0 else 0,
+            restored_bytes=restored[1] if index == 0 else 0,
+            key=report.key if report else None,
+            errors=errors,
+        )
+        logger.info("compile_cache warm: %s %s in %.2f s", label, result.status, seconds)
+        results.append(result)
+    return results
+
+
+def _snapshot(report: CacheReport | None) -> tuple[int, int, int, int]:
+    if report is None:
+        return (0, 0, 0, 0)
+    return (report.fxgraph_hits, report.fxgraph_misses, report.published_packs,
+            report.published_bytes)
+
+
