@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -160,3 +162,35 @@ def mlp_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     base = tmp_path_factory.mktemp("mlp_capture")
     pack = base / "pack.pkl"
     return run_mlp_child(base / "node", "capture", str(pack)), pack
+
+
+# -- the CLI tests (tests/test_cli_*.py) -------------------------------------------------------
+
+
+@pytest.fixture
+def no_env_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No COMPILE_CACHE_* variable set, and stdin not a terminal (the CLI tests)."""
+    for name in list(os.environ):
+        if name.startswith("COMPILE_CACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal
+
+
+@pytest.fixture(scope="session")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A store populated by one real cold ``warm`` (Inductor) in a subprocess, and its --json."""
+    from _cli_helpers import TARGET, run_cli
+
+    tmp = tmp_path_factory.mktemp("warmed")
+    store = tmp / "store"
+    proc = run_cli(tmp, "warm", TARGET, "--cache-dir", str(store), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return store, json.loads(proc.stdout)
+
+
+@pytest.fixture
+def store_copy(warmed: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
+    """A private copy of the warmed store, for tests that change it."""
+    copy = tmp_path / "store"
+    shutil.copytree(warmed[0], copy)
+    return copy

@@ -1,0 +1,199 @@
+"""``doctor``: where the store is and why, whether it is safe, what splits cache keys.
+
+It only presents what the modules that own each fact find: the location and the owner/mode check
+(:mod:`compile_cache.store.safety`, the store's own check), the lock mode
+(:mod:`compile_cache.locks`), the environment key and cross-rank hazards (:mod:`compile_cache.keys`,
+:mod:`compile_cache.distributed.hazards`), torch's capabilities (:mod:`compile_cache.torch_compat`)
+and every variable of the registry (:mod:`compile_cache.config`). It imports torch (the
+environment key needs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+from .. import config
+from .._sizes import format_size
+from ..errors import CompileCacheError, ConfigError
+from .output import pairs, print_json, table
+
+__all__ = ["cmd_doctor"]
+
+#: torch's variables doctor shows next to compile_cache's registry (compile_cache.config)
+_TORCH_VARS: tuple[tuple[str, str], ...] = (
+    ("TORCHINDUCTOR_CACHE_DIR", "torch's local Inductor cache (packs are restored into it)"),
+    ("TRITON_CACHE_DIR", "Triton's local kernel cache (packs are restored into it)"),
+)
+
+
+
+def _backend_info() -> dict[str, Any]:
+    fingerprint = importlib.import_module("compile_cache.fingerprint")  # the package's name is a function
+    info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
+    impl = getattr(fingerprint, "_implementation", None)
+    path = getattr(impl, "__file__", None) if fingerprint.backend == "native" else None
+    if path is None:
+        spec = importlib.util.find_spec("compile_cache._C")
+        path = spec.origin if spec else None
+    info["extension"] = path
+    built = None
+    for attr in ("torch_version", "__torch_version__", "TORCH_VERSION"):
+        built = getattr(impl, attr, None) if fingerprint.backend == "native" else None
+        if built:
+            break
+    info["built_against_torch"] = str(built) if built else None
+    return info
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Where the store is and why, whether it is safe and usable, and what splits cache keys."""
+    import torch
+
+    from .. import __version__
+    from ..distributed.hazards import cross_rank_hazards
+    from ..keys import environment, environment_digest
+    from ..locks import filesystem_type, lock_mode_for
+    from ..store import Store
+    from ..store.safety import describe_dir, resolve_location
+
+    root, source = resolve_location(args.cache_dir)
+    source_text = {
+        "argument": "--cache-dir argument",
+        "COMPILE_CACHE_DIR": "COMPILE_CACHE_DIR environment variable",
+        "XDG_CACHE_HOME": "$XDG_CACHE_HOME/compile_cache",
+        "default": "default (~/.cache/compile_cache)",
+    }.get(source, source)
+    problems: list[str] = []
+    try:
+        shared = bool(config.SHARED.value())
+    except ConfigError as exc:
+        shared = False
+        problems.append(str(exc))
+    exists = root.is_dir()
+    if os.path.lexists(root) and not exists:
+        problems.append(f"{root} exists and is not a directory")
+    try:
+        lock_mode, lock_reason = lock_mode_for(root)
+    except ConfigError as exc:
+        lock_mode, lock_reason = "?", str(exc)
+        problems.append(str(exc))
+    perms, safe = describe_dir(root, shared) if exists else ("does not exist yet (created on first use)", True)
+    if not safe:
+        problems.append(f"store permissions: {perms}")
+    store_state: dict[str, Any] = {}
+    if exists:
+        try:
+            store = Store(root)
+            st = store.stats()
+            store_state = {
+                "read_only": store.read_only, "read_only_reason": store.read_only_reason,
+                "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
+                "signed": store.signing_key is not None,
+            }
+        except CompileCacheError as exc:
+            problems.append(f"store unusable: {exc}")
+    elif not problems:
+        parent = root.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not os.access(parent, os.W_OK | os.X_OK):
+            problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
+
+    from ..torch_compat import capabilities
+
+    caps = [{"name": c.name, "available": c.available, "detail": c.detail} for c in capabilities()]
+    env = environment()
+    hazards = cross_rank_hazards()
+    backend = _backend_info()
+    variables = config.describe()
+    problems.extend(v["error"] for v in variables if v["error"] and v["error"] not in problems)
+    for name, meaning in _TORCH_VARS:
+        value = os.environ.get(name)
+        variables.append({"name": name, "value": value if value is not None else "unset",
+                          "source": "environment" if value is not None else "default",
+                          "default": "torch's", "allowed": "a directory path", "meaning": meaning,
+                          "error": None})
+
+    data = {
+        "version": __version__,
+        "store": {
+            "location": str(root), "source": source, "exists": exists,
+            "filesystem": filesystem_type(root), "lock_mode": lock_mode, "lock_reason": lock_reason,
+            "permissions": perms, "safe": safe, "group_shared": shared, **store_state,
+        },
+        "environment": {"key": environment_digest(env), "fields": env, "hazards": hazards},
+        "fingerprint": backend,
+        "torch": {"version": torch.__version__, "git": getattr(torch.version, "git_version", None)},
+        "variables": variables,
+        "capabilities": caps,
+        "problems": problems,
+    }
+    if args.json:
+        print_json(data)
+        return 1 if problems else 0
+
+    s = data["store"]
+    print(f"compile_cache {__version__}\n")
+    print("Store")
+    rows = [
+        ("location", s["location"]),
+        ("from", source_text),
+        ("filesystem", s["filesystem"]),
+        ("lock mode", f"{lock_mode} ({lock_reason})"),
+        ("permissions", perms),
+        ("sharing", "group (COMPILE_CACHE_SHARED=group)" if shared else "private to this user"),
+    ]
+    if store_state:
+        ro = store_state["read_only"]
+        rows.append(("read-only", f"yes: {store_state['read_only_reason']}" if ro else "no"))
+        cap = format_size(store_state["max_size"]) if store_state["max_size"] else "unlimited"
+        rows.append(("size", f"{format_size(store_state['size'])} of {cap}, {store_state['entries']} entries"))
+        rows.append(("signing", "packs signed and checked (COMPILE_CACHE_SIGNING_KEY set)"
+                     if store_state["signed"] else "off (checksums only)"))
+    print(pairs(rows, "  "))
+    print("\nEnvironment key (packs are restored only where it is equal)")
+    device = env.get("device_name") or "cpu only (no CUDA)"
+    print(pairs([
+        ("key", data["environment"]["key"]),
+        ("torch", f"{env['torch']} (git {env['torch_git'][:12] or '?'}, CUDA {env['torch_cuda'] or 'none'})"),
+        ("python", env["python"]),
+        ("cpu threads", env["cpu_threads"]),
+        ("cpu capability", env["cpu_capability"]),
+        ("device", device),
+    ], "  "))
+    if hazards:
+        print("  differs most often across nodes/ranks:")
+        for hazard in hazards:
+            print(f"    - {hazard}")
+    else:
+        print("  no cross-rank hazard found (device index 0, thread count pinned)")
+    print("\nFingerprint backend")
+    fb_rows = [
+        ("backend", backend["backend"] + (f" (fell back {backend['fallbacks']}x)" if backend["fallbacks"] else "")),
+        ("extension", backend["extension"] or "not found"),
+        ("built against", f"torch {backend['built_against_torch']}" if backend["built_against_torch"]
+         else f"not recorded in the extension (running torch {torch.__version__})"),
+    ]
+    print(pairs(fb_rows, "  "))
+    print("\nTorch capabilities (private torch API compile_cache uses; a missing one degrades, "
+          "with one warning)")
+    print(table(("  CAPABILITY", "STATE", "DETAIL"),
+                 [(f"  {c['name']}", "available" if c["available"] else "MISSING", c["detail"])
+                  for c in caps]))
+    print("\nEnvironment variables (precedence: command-line argument > variable > default)")
+    print(table(("  VARIABLE", "VALUE", "SOURCE", "DEFAULT", "MEANING"),
+                 [(f"  {v['name']}", v["value"], v["source"], v["default"], v["meaning"])
+                  for v in variables]))
+    if problems:
+        print("\nProblems")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\nNo problems found")
+    return 0
+
+

@@ -1,0 +1,72 @@
+"""What every command shares: the program name, bad-input errors, and the output helpers.
+
+Output follows ``ccache -s`` and ``hf cache ls``: aligned columns, human sizes and ages; every
+reporting command also has ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._sizes import format_age
+from ..errors import CompileCacheError
+
+__all__ = ["PROG", "UsageError", "ago", "confirm", "is_tty", "pairs", "print_json", "table"]
+
+PROG = "compile-cache"
+
+
+class UsageError(CompileCacheError):
+    """Bad command-line input: one line on stderr, exit code 2."""
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int] | None = None) -> str:
+    """Aligned columns, two spaces apart; columns in ``right`` are right-aligned."""
+    right = right or set()
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def pairs(rows: Sequence[tuple[str, Any]], indent: str = "") -> str:
+    """``label   value`` lines with the values aligned (``ccache -s`` style)."""
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{indent}{label.ljust(width)}  {value}" for label, value in rows)
+
+
+def ago(timestamp: float, now: float | None = None) -> str:
+    if not timestamp:
+        return "-"
+    return f"{format_age((now or time.time()) - timestamp)} ago"
+
+
+def is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def confirm(args: argparse.Namespace, question: str) -> bool:
+    """True when ``-y`` was given or the user says yes on a TTY; refuses (UsageError) otherwise."""
+    if args.yes:
+        return True
+    if not is_tty(sys.stdin):
+        raise UsageError(f"refusing to {question} without confirmation: pass -y (stdin is not a terminal)")
+    answer = input(f"{question[0].upper()}{question[1:]}? [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+

@@ -1,0 +1,312 @@
+"""The store's commands: ``ls``, ``stats``, ``verify``, ``prune``, ``clear``, ``export``, ``import``.
+
+They present what :class:`~compile_cache.store.Store` finds and plans (``prune`` shows the
+entries an eviction would remove, then removes exactly those criteria's entries) and never
+import torch, so they start in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._sizes import format_size, parse_age, parse_size
+from .output import PROG, UsageError, ago, confirm, pairs, print_json, table
+
+__all__ = ["cmd_clear", "cmd_export", "cmd_import", "cmd_ls", "cmd_prune", "cmd_stats", "cmd_verify"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Store helpers
+# ---------------------------------------------------------------------------------------------
+def _open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The store of ``--cache-dir`` (or the environment/default); a file there is a usage error."""
+    from ..store import Store
+
+    if args.cache_dir is not None:
+        path = Path(args.cache_dir).expanduser()
+        if os.path.lexists(path) and not path.is_dir():
+            raise UsageError(f"--cache-dir {args.cache_dir}: exists and is not a directory")
+    return Store(args.cache_dir, **kwargs)
+
+
+def _resolve_keys(store: Any, wanted: Sequence[str]) -> list[str]:
+    """Full keys for ``wanted`` keys or unique key prefixes (as ``ls`` shows them)."""
+    keys = [e.key for e in store.entries()]
+    out: list[str] = []
+    for prefix in wanted:
+        prefix = prefix.strip().lower()
+        matches = [k for k in keys if k.startswith(prefix)] if prefix else []
+        if not matches:
+            raise UsageError(f"--key {prefix!r}: no cache entry with that key in {store.root}")
+        if len(matches) > 1 and prefix not in matches:
+            raise UsageError(f"--key {prefix!r} is ambiguous: {len(matches)} entries start with it")
+        key = prefix if prefix in matches else matches[0]
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def _short_class(name: object) -> str:
+    text = str(name or "-")
+    return text.rsplit(".", 1)[-1]
+
+
+def _entry_row(entry: Any, now: float) -> list[str]:
+    meta = entry.metadata or {}
+    return [
+        entry.key[:12],
+        _short_class(meta.get("model_class")),
+        str(meta.get("regions") or "-"),
+        str(len(entry.packs)),
+        format_size(entry.size),
+        ago(entry.created, now),
+        ago(entry.last_used, now),
+        str(meta.get("torch") or "-"),
+        str(meta.get("device") or "-"),
+    ]
+
+
+_ENTRY_HEADERS = ("KEY", "MODEL", "REGIONS", "PACKS", "SIZE", "CREATED", "LAST USED", "TORCH", "DEVICE")
+
+
+def _entry_json(entry: Any) -> dict[str, Any]:
+    data = entry.to_dict()
+    meta = entry.metadata or {}
+    data.update(
+        short_key=entry.key[:12],
+        model_class=meta.get("model_class"),
+        regions=meta.get("regions"),
+        torch=meta.get("torch"),
+        device=meta.get("device"),
+        size_human=format_size(entry.size),
+    )
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# ls
+# ---------------------------------------------------------------------------------------------
+def cmd_ls(args: argparse.Namespace) -> int:
+    """One row per cache entry."""
+    store = _open_store(args)
+    entries = store.entries()
+    sort_keys: dict[str, Callable[[Any], Any]] = {
+        "size": lambda e: -e.size,
+        "used": lambda e: -e.last_used,
+        "created": lambda e: -e.created,
+    }
+    entries.sort(key=sort_keys[args.sort])
+    if args.limit is not None:
+        if args.limit < 0:
+            raise UsageError(f"--limit {args.limit}: must be 0 or more")
+        entries = entries[: args.limit]
+    if args.json:
+        print_json({"store": str(store.root), "entries": [_entry_json(e) for e in entries]})
+        return 0
+    if args.quiet:
+        for e in entries:
+            print(e.key)
+        return 0
+    if not entries:
+        print(f"No cache entries in {store.root}")
+        return 0
+    now = time.time()
+    print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
+    total = sum(e.size for e in entries)
+    packs = sum(len(e.packs) for e in entries)
+    print(f"\n{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {packs} pack(s), "
+          f"{format_size(total)} in {store.root}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# stats
+# ---------------------------------------------------------------------------------------------
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Hit/miss counters summed over every process that used the store."""
+    store = _open_store(args)
+    if args.zero:
+        store.zero_stats()
+        if args.json:
+            print_json({"zeroed": True, "store": str(store.root)})
+        else:
+            print(f"Statistics zeroed in {store.root}")
+        return 0
+    s = store.stats()
+    if args.json:
+        print_json(s)
+        return 0
+    rate = "-" if s["hit_rate"] is None else f"{100 * s['hit_rate']:.1f} %"
+    cap = s["max_size"]
+    used = f"{s['size_human']} of {s['max_size_human']}"
+    if cap:
+        used += f" ({100 * s['size'] / cap:.1f} %)"
+    errors = str(s["errors"])
+    if s["errors_by_kind"]:
+        errors += "  (" + ", ".join(f"{k}: {v}" for k, v in sorted(s["errors_by_kind"].items())) + ")"
+    rows = [
+        ("Cache directory", f"{s['location']} ({s['location_source']})"),
+        ("Entries", f"{s['entries']} ({s['packs']} packs)"),
+        ("Hits", s["hits"]),
+        ("Misses", s["misses"]),
+        ("Hit rate", rate),
+        ("Errors", errors),
+        ("Corrupt packs", f"{s['corrupt']} ({s['quarantined']} in quarantine)"),
+        ("Incompatible packs", s["incompatible"]),
+        ("Published", f"{s['publishes']} packs, {format_size(s['bytes_published'])}"),
+        ("Restored", format_size(s["bytes_restored"])),
+        ("Compile time spent", f"{s['compile_seconds']:.1f} s"),
+        ("Compile time saved", f"{s['seconds_saved']:.1f} s (estimated)"),
+        ("Evicted", f"{s['evictions']} entries, {format_size(s['evicted_bytes'])}"),
+        ("Cache size", used),
+    ]
+    if s["read_only"]:
+        rows.append(("Read-only", s["read_only_reason"]))
+    print(pairs(rows))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# verify
+# ---------------------------------------------------------------------------------------------
+def _problems(report: Any) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = [("corrupt pack", f"{p}: {why}") for p, why in report.corrupt_packs]
+    out += [("orphaned temp file", str(p)) for p in report.orphaned_temp]
+    out += [("stale lock", str(p)) for p in report.stale_locks]
+    out += [("unreadable entry.json", str(p)) for p in report.bad_entries]
+    out += [("unreadable stats file", str(p)) for p in report.bad_stats]
+    out += [("empty entry", str(p)) for p in report.empty_entries]
+    return out
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every pack's header and checksum, temp files and locks; ``--fix`` removes the broken."""
+    store = _open_store(args)
+    report = store.verify(fix=args.fix)
+    remaining = store.verify() if args.fix else report
+    if args.json:
+        data = report.to_dict()
+        data["remaining"] = remaining.to_dict()
+        data["store"] = str(store.root)
+        print_json(data)
+        return 0 if remaining.ok else 1
+    print(f"Checked {report.checked_entries} entries, {report.checked_packs} packs in {store.root}")
+    found = _problems(report)
+    if found:
+        print(table(("PROBLEM", "WHERE"), found))
+    for path in report.incompatible_packs:
+        print(f"note: pack of another format version left in place: {path}")
+    if args.fix and found:
+        print(f"Fixed {len(found)} problem(s): corrupt packs quarantined, the rest removed")
+    left = _problems(remaining)
+    if left:
+        if args.fix:
+            print(f"{len(left)} problem(s) remain")
+        else:
+            print(f"{len(left)} problem(s) found; run `{PROG} verify --fix` to remove them")
+        return 1
+    if not found:
+        print("OK: no problems found")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# prune / clear
+# ---------------------------------------------------------------------------------------------
+def _print_removal(entries: Sequence[Any], verb: str, store: Any, as_json: bool, dry_run: bool) -> None:
+    if as_json:
+        print_json({
+            "store": str(store.root), "dry_run": dry_run,
+            "removed": [e.key for e in entries], "bytes": sum(e.size for e in entries),
+        })
+        return
+    if not entries:
+        print(f"Nothing to {verb} in {store.root}")
+        return
+    now = time.time()
+    print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
+    total = format_size(sum(e.size for e in entries))
+    what = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} ({total})"
+    print(f"\nWould remove {what}" if dry_run else f"\nRemoved {what}")
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Evict entries by size cap (LRU), age, or key."""
+    max_size = parse_size(args.max_size, name="--max-size") if args.max_size is not None else None
+    older = parse_age(args.older_than, name="--older-than") if args.older_than is not None else None
+    store = _open_store(args)
+    keys = _resolve_keys(store, args.key) if args.key else None
+    criteria = {"max_size": max_size, "older_than": older, "keys": keys}
+    if args.dry_run:
+        _print_removal(store.evict(dry_run=True, **criteria), "prune", store, args.json, True)
+        return 0
+    planned = store.evict(dry_run=True, **criteria)
+    if not planned:
+        _print_removal([], "prune", store, args.json, False)
+        return 0
+    if not confirm(args, f"remove {len(planned)} cache entries from {store.root}"):
+        print("Aborted")
+        return 1
+    _print_removal(store.evict(**criteria), "prune", store, args.json, False)
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    """Remove every entry (counters are kept)."""
+    store = _open_store(args)
+    entries = store.entries()
+    if args.dry_run:
+        _print_removal(entries, "clear", store, args.json, True)
+        return 0
+    if not confirm(args, f"remove all {len(entries)} cache entries from {store.root}"):
+        print("Aborted")
+        return 1
+    store.clear()
+    _print_removal(entries, "clear", store, args.json, False)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# export / import
+# ---------------------------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write entries into one archive (for air-gapped clusters)."""
+    store = _open_store(args)
+    keys = _resolve_keys(store, args.key) if args.key else None
+    target = Path(args.file)
+    if target.is_dir():
+        raise UsageError(f"{args.file}: is a directory; give an archive file name such as cache.tar")
+    if not target.parent.is_dir():
+        raise UsageError(f"{args.file}: directory {target.parent} does not exist")
+    entries = len(keys) if keys is not None else len(store.entries())
+    packs = store.export(target, keys)
+    size = target.stat().st_size
+    if args.json:
+        print_json({"file": str(target), "entries": entries, "packs": packs, "bytes": size})
+    else:
+        print(f"Exported {packs} pack(s) of {entries} entr{'y' if entries == 1 else 'ies'} "
+              f"to {target} ({format_size(size)})")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Add an archive's entries; every member is validated before anything is written."""
+    source = Path(args.file)
+    if not source.is_file():
+        raise UsageError(f"{args.file}: no such archive file")
+    store = _open_store(args)
+    report = store.import_archive(source)
+    if args.json:
+        print_json({"file": str(source), "store": str(store.root), "keys": report.keys,
+                     "packs_added": report.packs_added, "packs_present": report.packs_present})
+    else:
+        print(f"Imported {len(report.keys)} entr{'y' if len(report.keys) == 1 else 'ies'} into "
+              f"{store.root}: {report.packs_added} pack(s) added, {report.packs_present} already present")
+    return 0
+
+
