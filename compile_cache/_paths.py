@@ -1,4 +1,4 @@
-"""Safe relative paths, safe joins and atomic writes, shared by the store and the restore code.
+"""Safe relative paths and atomic writes, shared by the store and the restore code.
 
 Pack members and archive members name files that will be written under a cache directory that
 torch later ``pickle.loads`` and ``dlopen``\\ s: a name that escapes that directory would let a pack
@@ -8,8 +8,7 @@ write anywhere. So names are checked on write *and* on read, with one rule set:
 * no absolute path, no Windows drive, no backslash, no NUL or other control character;
 * no empty part (``a//b``, trailing ``/``), no ``.`` or ``..`` part.
 
-:func:`safe_join` additionally resolves symlinks already on disk and refuses a target outside
-the root, and :func:`atomic_write` writes through a unique temporary name beside the target
+:func:`atomic_write` writes through a unique temporary name beside the target
 (``.<name>.tmp-<host>-<pid>-<random>``), fsyncs and ``os.replace``\\ s, so a reader never sees a
 half-written file and two writers of the same content never corrupt each other.
 """
@@ -34,8 +33,6 @@ __all__ = [
     "check_member_name",
     "fsync_dir",
     "is_temp_name",
-    "is_within",
-    "safe_join",
     "temp_path",
 ]
 
@@ -84,26 +81,6 @@ def check_key(key: object) -> str:
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise ValueError(f"cache key must be 8-128 lower-case hex digits, got {key!r}")
     return key
-
-
-def is_within(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is ``root`` or below it once both are resolved (symlinks followed)."""
-    real_root = os.path.realpath(root)
-    real_path = os.path.realpath(path)
-    return real_path == real_root or real_path.startswith(real_root.rstrip(os.sep) + os.sep)
-
-
-def safe_join(root: str | os.PathLike[str], name: str) -> Path:
-    """``root / name`` after checking ``name`` and that the result stays under ``root``.
-
-    Symlinks already on disk are followed when checking, so a link planted inside ``root`` that
-    points elsewhere makes this raise :class:`UnsafePathError` instead of writing through it.
-    """
-    check_member_name(name)
-    target = Path(root, *name.split("/"))
-    if not is_within(root, target):
-        raise UnsafePathError(f"member {name!r} resolves outside {os.fspath(root)!r} (through a symlink)")
-    return target
 
 
 def temp_path(target: str | os.PathLike[str]) -> Path:

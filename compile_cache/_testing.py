@@ -4,7 +4,7 @@ compile_cache keeps a little state per process, on purpose: one-time warnings, w
 probe answered, the background prefetch run, the last reports. :func:`reset_process_state` puts
 every such module back as a fresh process would have it, through each module's own ``_reset()``
 (so tests never poke module globals). Hooks installed into torch stay installed, and Dynamo's own
-caches are torch's business (``torch._dynamo.reset()``).
+caches are torch's business (Dynamo's own reset).
 """
 
 from __future__ import annotations

@@ -166,11 +166,6 @@ class Capture:
         self._roots = _roots(dirs)
         self._before = {name: st for name, (_, st) in _scan(self._roots).items()}
 
-    @property
-    def roots(self) -> dict[str, Path]:
-        """The label -> root pairs this capture watches."""
-        return dict(self._roots)
-
     def changed(self) -> dict[str, Path]:
         """Member name -> path of every file added or changed since the snapshot."""
         now = _scan(self._roots)

@@ -13,8 +13,6 @@ from compile_cache._paths import (
     check_key,
     check_member_name,
     is_temp_name,
-    is_within,
-    safe_join,
     temp_path,
 )
 from compile_cache._sizes import format_age, format_size, parse_age, parse_size
@@ -75,21 +73,9 @@ def test_any_accepted_name_stays_inside_its_root(
         check_member_name(name)
     except UnsafePathError:
         return
-    assert is_within(root, os.path.join(root, name))
+    target = os.path.realpath(os.path.join(root, name))
+    assert target.startswith(os.path.realpath(root) + os.sep)
     assert not os.path.isabs(name)
-
-
-def test_safe_join_refuses_a_symlink_planted_in_the_root(tmp_path) -> None:
-    root = tmp_path / "root"
-    outside = tmp_path / "outside"
-    root.mkdir()
-    outside.mkdir()
-    (root / "link").symlink_to(outside)
-    assert safe_join(root, "ok/file") == root / "ok" / "file"
-    with pytest.raises(UnsafePathError, match="outside"):
-        safe_join(root, "link/evil.so")
-    with pytest.raises(UnsafePathError):
-        safe_join(root, "../outside/evil.so")
 
 
 @pytest.mark.parametrize("key", ["0123abcd", "ab" * 32])

@@ -11,6 +11,7 @@ thread).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -31,8 +32,6 @@ __all__ = [
     "NoLock",
     "read_holder",
 ]
-
-import logging
 
 logger = logging.getLogger("compile_cache")
 
@@ -104,14 +103,6 @@ def _pid_alive(pid: int) -> bool:
             return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
-
-
-def _lock_file(base: Path) -> Path:
-    return base.with_name(base.name + LOCK_SUFFIX)
-
-
-def _lock_dir(base: Path) -> Path:
-    return base.with_name(base.name + LOCKDIR_SUFFIX)
 
 
 def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
