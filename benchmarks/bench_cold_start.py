@@ -89,11 +89,22 @@ def _child(args: argparse.Namespace) -> dict:
                 f.write(saved[0])
     from torch._dynamo.utils import counters
 
+    precompile = {}
+    if args.strategy == "regional" and args.store:
+        import compile_cache
+
+        report = compile_cache.last_report()
+        # per group: loaded (tracing skipped), new, declined or failed, and why
+        precompile = {g["label"].split(" ", 1)[0].rsplit(".", 1)[-1]: g["status"]
+                      + (f" ({g['reason']})" if g["reason"] else "")
+                      for g in (report.precompile_groups.values() if report else ())}
     return {
         "ttfo_s": ttfo,
         "setup_s": setup_s,
         "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
         "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "frames_traced": counters["frames"]["ok"],  # 0 on a precompile hit
+        **({"precompile": precompile} if precompile else {}),
     }
 
 
@@ -136,7 +147,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                                         "partial": True})
         print(
             f"  {model:>7} {strategy:<10} {scenario:<16} ttfo {row['ttfo_s']:6.2f} s  "
-            f"process {row['process_s']:6.2f} s  fx miss/hit {row['fxgraph_miss']}/{row['fxgraph_hit']}",
+            f"process {row['process_s']:6.2f} s  fx miss/hit {row['fxgraph_miss']}/{row['fxgraph_hit']}  "
+            f"traced {row.get('frames_traced', '-')}"
+            + (f"  precompile {row['precompile']}" if row.get("precompile") else ""),
             file=sys.stderr,
         )
 

@@ -42,6 +42,7 @@ _LAZY: dict[str, str] = {
     "region_stats": "regions",
     "RegionEagerWarning": "regions",
     "RegionRecompileWarning": "regions",
+    "RegionPrecompileWarning": "precompiled",
     "Store": "store",
     "backend": "fingerprint",
 }
@@ -66,6 +67,7 @@ __all__ = [
     "CacheReport",
     "RegionEagerWarning",
     "RegionPlan",
+    "RegionPrecompileWarning",
     "RegionRecompileWarning",
     "Store",
     "compile_regions",

@@ -23,6 +23,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.store",
     "compile_cache.locks",
     "compile_cache.session",
+    "compile_cache.precompiled",
     "compile_cache.distributed",
 )
 

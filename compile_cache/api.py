@@ -36,6 +36,7 @@ from .errors import ConfigError
 from .keys import entry_key
 from .plan import check_module, plan_regions
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+from .torch_compat.precompile import usable as precompile_available
 
 logger = logging.getLogger("compile_cache")
 
@@ -78,10 +79,14 @@ def compile_regions(
     ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
     ``False``: no store, a path: that store). With a store, matching packs are restored before
     compiling, so a fresh process or node loads compiled code instead of compiling it; what the
-    forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
-    caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
-    a primitive attribute changed after compiling is not noticed (off by default for that
-    reason). ``compile_cache.last_report()`` says what was restored, compiled and published.
+    forwards compile is published. ``precompile=True`` (``None``: ``COMPILE_CACHE_PRECOMPILE``,
+    else ``compile_cache.config.PRECOMPILE_DEFAULT``) also caches Dynamo's traced bytecode and
+    guards per region group, so a hit skips tracing. Every guard Dynamo can save is kept
+    (attribute values, ``training``, argument counts, optional arguments, tensor metadata);
+    only identity checks the key covers are dropped, and a group whose guards cannot be saved
+    faithfully (or another backend than Inductor) compiles without precompile, with a
+    ``RegionPrecompileWarning``. ``compile_cache.last_report()`` says what was restored,
+    compiled and published, and per group whether precompile was used.
 
     For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that are not already
     there start building in the background, so the first compile does not wait for them one by
@@ -120,14 +125,16 @@ def compile_regions(
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol)
         if example_inputs is None or not _distributed.coordinates(distributed):
             prefetch.start_for(model, kwargs)
-    # 6. install
-    regions.install(
-        model, plan, precompile=use_precompile,
-        on_precompile_error=session.precompile_failed if session is not None else None,
-    )
+    # 6. install (with precompile: one precompiled function per group, named by the key)
+    setup = None
+    if use_precompile and session is not None and precompile_available():
+        setup = regions.PrecompileSetup(session.key, session.precompile_event,
+                                        session.precompile_records)
+    precompiled = regions.install(model, plan, precompile=setup)
     # 7. attach
     if session is not None:
         session.attach(model)
+        session.track_precompiled(precompiled)
         regions.observe_calls(model, session.after_forward)
     # 8. coordinate
     if example_inputs is not None:

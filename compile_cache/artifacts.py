@@ -33,7 +33,7 @@ from typing import Any
 
 from ._paths import atomic_write, check_member_name
 from .errors import UnsafePathError
-from .torch_compat import dynamo, inductor_cache, isa
+from .torch_compat import inductor_cache, isa
 
 log = logging.getLogger("compile_cache.artifacts")
 
@@ -44,6 +44,7 @@ __all__ = [
     "is_skipped",
     "isa_probe_answers",
     "local_cache_dirs",
+    "read_members",
     "restore",
     "trust_restored_isa_answers",
     "validate_member",
@@ -176,11 +177,8 @@ class Capture:
     def collect(self) -> dict[str, bytes]:
         """Member name -> bytes of every file added or changed since the snapshot.
 
-        With Dynamo's caching precompile on, torch first writes its precompile entries to the
-        local dir (they are files like the rest). A file that vanished between the walk and the
-        read is left out.
+        A file that vanished between the walk and the read is left out.
         """
-        dynamo.save_precompile_entries()  # before the walk: it writes <inductor>/dynamo/...
         members: dict[str, bytes] = {}
         for name, path in self.changed().items():
             try:
@@ -188,6 +186,26 @@ class Capture:
             except OSError as e:  # removed or replaced meanwhile: not ours to carry
                 log.debug("capture: skipping %s: %s", path, e)
         return members
+
+
+def read_members(paths: Iterable[str | os.PathLike[str]],
+                 dirs: Mapping[str, Path] | None = None) -> dict[str, bytes]:
+    """Member name -> bytes of the given files under the local cache dirs (others are skipped).
+
+    For files a compile is known to have written (a region group's Dynamo precompile entry).
+    """
+    roots = [(label, Path(os.path.realpath(root))) for label, root in _roots(dirs)]
+    members: dict[str, bytes] = {}
+    for path in paths:
+        real = Path(os.path.realpath(path))
+        for label, root in roots:
+            if _is_within(real, root):
+                try:
+                    members[f"{label}/{real.relative_to(root).as_posix()}"] = real.read_bytes()
+                except OSError as e:
+                    log.debug("read_members: skipping %s: %s", path, e)
+                break
+    return members
 
 
 # --------------------------------------------------------------------------------------------

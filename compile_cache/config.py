@@ -30,6 +30,7 @@ __all__ = [
     "LOCK_TIMEOUT",
     "MAX_SIZE",
     "PRECOMPILE",
+    "PRECOMPILE_DEFAULT",
     "PREFETCH",
     "READ_ONLY",
     "SHARED",
@@ -190,9 +191,16 @@ BACKEND = _register(Variable(
     "fingerprint backend: native or python (default: native if it loads, else python)",
     "'native' or 'python'", _choice(("native", "python")),
 ))
+#: Whether ``compile_regions(precompile=None)`` uses precompile when ``COMPILE_CACHE_PRECOMPILE``
+#: is unset: the one place the default is decided. Off until a fresh node gains from it: on
+#: today's fresh node Inductor's precompiled header build hides what skipping Dynamo's trace
+#: saves (benchmarks/RESULTS.md, "precompile"); precompile itself is correct either way.
+PRECOMPILE_DEFAULT = False
+
 PRECOMPILE = _register(Variable(
-    "COMPILE_CACHE_PRECOMPILE", "bool", False,
-    "also cache Dynamo's traced code (when compile_regions gets precompile=None)",
+    "COMPILE_CACHE_PRECOMPILE", "bool", PRECOMPILE_DEFAULT,
+    "also cache Dynamo's traced code and guards per region group, so a hit skips tracing "
+    "(when compile_regions gets precompile=None)",
     f"a boolean: {BOOLEAN_VALUES}", parse_bool,
 ))
 PREFETCH = _register(Variable(

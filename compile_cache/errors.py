@@ -33,3 +33,11 @@ class UnsafePathError(CorruptPackError):
 
 class LockTimeoutError(CompileCacheError, TimeoutError):
     """A lock could not be taken within its timeout."""
+
+
+class PrecompileDeclined(CompileCacheError):
+    """A region's Dynamo guards cannot be saved faithfully, so it does not use precompile.
+
+    Raised from inside the guard filter while Dynamo traces; compile_cache catches it, compiles
+    the region without precompile (every default guard) and warns. It never reaches the user.
+    """

@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import re
@@ -39,12 +38,22 @@ from torch import nn
 
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module
+from .precompiled import (
+    BoundCall,
+    GroupPrecompiler,
+    PrecompileSetup,
+    RegionPrecompileWarning,
+    isolate_from_global_flag,
+)
 from .torch_compat import dynamo
+from .torch_compat import precompile as pc
 
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
+    "PrecompileSetup",
     "RegionEagerWarning",
+    "RegionPrecompileWarning",
     "RegionRecompileWarning",
     "get_plan",
     "install",
@@ -104,7 +113,8 @@ class _GroupState:
     ) -> None:
         self.label = label
         self.varying = varying
-        self.code = code
+        self._code = code
+        self.pf: pc.PrecompiledFunction | None = None  # the group's, with precompile
         self.size = size
         self.eager_calls = 0
         self.block_recompiles = 0
@@ -113,6 +123,12 @@ class _GroupState:
         self.warned_recompile = False
         self.started = False
         self.last_compiled: _RegionRunner | None = None
+
+    @property
+    def code(self) -> types.CodeType:
+        """The code object Dynamo caches this group under (a precompiled function's may change
+        when it declines)."""
+        return self.pf.code if self.pf is not None else self._code
 
     def cache_entries(self) -> int:
         return dynamo.cache_entries(self.code)
@@ -223,25 +239,27 @@ class _RegionRunner:
     ``on_end`` (set by :func:`observe_calls`) hears of every call's end, outside compiled code.
     """
 
-    __slots__ = ("compiled", "state", "key", "code", "failures", "on_end", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "failures", "on_end", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
-        self.code = state.code
         # Dynamo appends the reasons of every recompile here, keyed by the original code object.
         self.failures = dynamo.guard_failures()
         self.on_end: Callable[[float], None] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         on_end = self.on_end
-        start = time.perf_counter() if on_end is not None else 0.0
-        failures = self.failures.get(self.code)
+        start = 0.0
+        if on_end is not None:  # the observed root: a model forward starts
+            pc.next_forward()
+            start = time.perf_counter()
+        state = self.state
+        failures = self.failures.get(state.code)
         before = len(failures) if failures is not None else 0
         out = self.compiled(*args, **kwargs)
-        failures = self.failures.get(self.code)
-        state = self.state
+        failures = self.failures.get(state.code)
         if failures is not None and len(failures) > before:
             state.on_recompile(failures[before:], self)
         elif state.started:
@@ -265,6 +283,7 @@ class _ObservedCall:
         self.on_end = on_end
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        pc.next_forward()
         start = time.perf_counter()
         out = self.wrapped(*args, **kwargs)
         self.on_end(time.perf_counter() - start)
@@ -303,32 +322,15 @@ def validate_kwargs(kwargs: dict[str, Any]) -> None:
         raise TypeError(f"options must be a dict or None, got {kwargs['options']!r}")
 
 
-def _with_precompile(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``torch.compile`` keywords that also save and load Dynamo's traced code (precompile).
-
-    Turns on Dynamo's caching precompile for the process and keeps only portable guards: the
-    class and identity guards it drops are what our fingerprint key already checks, and each
-    region group has its own code object, so groups never share a precompiled entry.
-    """
-    kwargs = dict(compile_kwargs)
-    if dynamo.enable_precompile():
-        kwargs["options"] = {**(kwargs.get("options") or {}), **dynamo.precompile_options()}
-    return kwargs
-
-
 def install(
-    model: nn.Module,
-    plan: RegionPlan,
-    *,
-    precompile: bool = False,
-    on_precompile_error: Callable[[str, BaseException], None] | None = None,
-) -> None:
+    model: nn.Module, plan: RegionPlan, *, precompile: PrecompileSetup | None = None
+) -> dict[str, pc.PrecompiledFunction]:
     """Give every module ``plan`` compiles its compiled call path, in place (see the module doc).
 
     ``plan.compile_kwargs`` go to ``torch.compile``; modules compiled earlier with the same
     keywords keep their compiled code, and earlier installs the plan no longer wants are undone.
-    With ``precompile``, a precompiled package that fails to load is reported to
-    ``on_precompile_error(name, exc)`` and the module is compiled normally instead.
+    With ``precompile``, each group compiles through one precompiled function
+    (:mod:`compile_cache.precompiled`); they are returned by code name, for the session to save.
     """
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
@@ -349,13 +351,15 @@ def install(
     wanted_members: dict[str, list[str]] = {}
     for name, (code_name, _, _) in wanted.items():
         wanted_members.setdefault(code_name, []).append(name)
-    frozen = _freeze((kwargs, precompile))
+    frozen = _freeze((kwargs, precompile.store_key if precompile is not None else None))
     user_limit = kwargs.get("recompile_limit")
     largest = max((g.size for g in plan.groups), default=1)
     if not disabled and not PER_CALL_RECOMPILE_LIMIT:
         dynamo.raise_recompile_limit(largest)
     states: dict[str, _GroupState] = {}
-    packaged: set[str] = set()  # groups whose precompile package is already installed
+    functions: dict[str, pc.PrecompiledFunction] = {}
+    groups = GroupPrecompiler(precompile, _trampoline) if precompile is not None else None
+    isolate = groups is None and not disabled and isolate_from_global_flag()
     for name, (code_name, label, size) in wanted.items():
         mod = modules[name]
         fn = _region_function(code_name)
@@ -371,38 +375,34 @@ def install(
         else:
             if existing is not None and not isinstance(existing, _RegionRunner):
                 logger.info("compile_cache: replacing an earlier compile of %s", name or "<root>")
-            call_kwargs = _with_precompile(kwargs) if precompile else dict(kwargs)
+            call_kwargs = dict(kwargs)
             if PER_CALL_RECOMPILE_LIMIT:
                 base = user_limit if user_limit is not None else dynamo.recompile_limit()
                 call_kwargs["recompile_limit"] = state.limit = max(int(base or size), size)
-            # One precompile package per group: the blocks share the group's code object, so the
-            # first block's package installs (and later saves) the entries for all of them; a
-            # package per block would deserialize the same entries once per block.
-            shares_package = precompile and code_name in packaged
-            try:
-                with dynamo.precompile_disabled() if shares_package else contextlib.nullcontext():
-                    compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
-                packaged.add(code_name)
-            except Exception as exc:  # torch's precompile loader does not catch everything
-                if not precompile:
-                    raise
-                if on_precompile_error is not None:
-                    on_precompile_error(name, exc)
-                call_kwargs = {k: v for k, v in call_kwargs.items() if k != "options"}
-                if kwargs.get("options") is not None:
-                    call_kwargs["options"] = dict(kwargs["options"])
-                with dynamo.precompile_disabled():
-                    compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+            if groups is not None:  # one precompiled function per group, called with the member
+                compiled = BoundCall(groups.function(code_name, label, call_kwargs), mod)
+            elif isolate:
+                compiled = pc.compile_isolated(types.MethodType(fn, mod), **call_kwargs)
+            else:
+                compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+        if isinstance(compiled, BoundCall):
+            state.pf = compiled.pf
+            functions[code_name] = compiled.pf
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
+    if groups is not None:
+        groups.finish()
     with _LOCK:
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
+    return functions
+
 
 
 _clock = threading.local()
 
 
 def _start_timer(module: nn.Module, args: Any) -> None:
+    pc.next_forward()  # precompiled regions check the globals they rely on once per forward
     _clock.start = time.perf_counter()
 
 

@@ -62,6 +62,13 @@ class CacheReport:
     published_packs: int = 0
     published_bytes: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
+    #: With precompile, per group (code name): ``label``, ``status`` (``loaded``: its Dynamo
+    #: entry came from the store, tracing skipped; ``new``: traced, saved for the next start;
+    #: ``declined`` / ``failed``: compiled without precompile) and ``reason``.
+    precompile_groups: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    precompile_hits: int = 0
+    precompile_declined: int = 0
+    precompile_load_errors: int = 0
 
     @property
     def hit(self) -> bool:
@@ -91,6 +98,11 @@ class CacheReport:
             parts.append(
                 f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
             )
+        if self.precompile_groups:
+            statuses = [g["status"] for g in self.precompile_groups.values()]
+            parts.append("precompile: " + ", ".join(
+                f"{statuses.count(s)} {s}" for s in ("loaded", "new", "declined", "failed")
+                if s in statuses))
         if self.errors:
             parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")
         degraded = self.degraded
@@ -115,7 +127,8 @@ def last_report() -> CacheReport | None:
 
 
 def precompile_requested(precompile: bool | None) -> bool:
-    """``precompile`` if given, else ``COMPILE_CACHE_PRECOMPILE`` (default off)."""
+    """``precompile`` if given, else ``COMPILE_CACHE_PRECOMPILE``, else
+    ``config.PRECOMPILE_DEFAULT``."""
     if precompile is not None:
         return bool(precompile)
     return bool(config.PRECOMPILE.value())
@@ -147,6 +160,12 @@ class CacheSession:
         self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.Lock()
         self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
+        self._precompiled: dict[str, Any] = {}  # code name -> PrecompiledFunction (to save)
+        self._extra: dict[str, dict[str, bytes]] = {}  # group -> members the next publish adds
+        # precompile entry name -> {"declined": why} or {"pins": {source: description}}: from
+        # the restored packs' metadata, and what this process found (into the next publish's)
+        self._precompile_records: dict[str, dict[str, Any]] = {}
+        self._new_records: dict[str, dict[str, Any]] = {}
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -179,6 +198,11 @@ class CacheSession:
                 answers.update((k, v) for k, v in published.items() if isinstance(v, bool))
         if self.report.restored_packs and answers:
             artifacts.trust_restored_isa_answers(answers)
+        for pack in packs:  # oldest first: the newest record of an entry wins, as its bytes do
+            records = pack.info.metadata.get("precompile")
+            if isinstance(records, dict):
+                self._precompile_records.update(
+                    (k, v) for k, v in records.items() if isinstance(v, dict))
         if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         elif count:
@@ -201,10 +225,67 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if self._inductor:
                 dynamo.check_counters(diff)
-            if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
+            if diff.graphs and self._precompiled:
+                self._save_precompiled()
+            if diff.fxgraph_miss == 0 and diff.autograd_miss == 0 and not self._extra:
                 return
             self._publish(self._capture or artifacts.Capture(), seconds)
             self._capture = artifacts.Capture()
+
+    # -- precompile --------------------------------------------------------------------------
+    def track_precompiled(self, functions: dict[str, Any]) -> None:
+        """The groups' precompiled functions (code name -> ``PrecompiledFunction``): after a
+        forward that traced, each one whose package holds something new is saved and its
+        entry goes into the next publish."""
+        self._precompiled.update(functions)
+
+    def _save_precompiled(self) -> None:
+        for code_name, pf in self._precompiled.items():
+            try:
+                written, why = pf.save()
+            except Exception as exc:  # noqa: BLE001 - torch's pickling can raise anything
+                self._error("precompile", f"saving the entry of {code_name}: {exc}")
+                continue
+            logger.debug("compile_cache: precompile entry of %s: %s", code_name, why)
+            if written:
+                self.add_extra_members(code_name, artifacts.read_members([pf.entry_path()]))
+                self._new_records[pf.fn.__qualname__] = {"pins": pf.pins.described()}
+
+    def add_extra_members(self, group: str, members: dict[str, bytes]) -> None:
+        """Members the next publish includes for ``group`` even when the key's packs hold the
+        same names (a group's Dynamo entry keeps its name when it changes: only new content
+        makes the caller add it)."""
+        self._extra.setdefault(group, {}).update(members)
+
+    @property
+    def precompile_records(self) -> dict[str, dict[str, Any]]:
+        """What the restored packs say of each precompile entry (entry name -> ``{"declined":
+        why}`` when an earlier start found its guards cannot be saved faithfully, ``{"pins":
+        {source: description}}``: the globals it relies on, as its publisher bound them)."""
+        return dict(self._precompile_records)
+
+    def precompile_event(self, event: Any) -> None:
+        """A group's precompile outcome (a ``compile_cache.precompiled.PrecompileEvent``): into
+        the report and the store's counters (warned by the caller); a decline found while
+        tracing goes into the next publish's metadata."""
+        report, status = self.report, event.status
+        if status == "load_error":
+            report.precompile_load_errors += 1
+            self.store.record_precompile(load_errors=1)
+            return
+        report.precompile_groups[event.code_name] = {
+            "label": event.label, "status": status, "reason": event.detail}
+        if event.persist:
+            self._new_records[event.entry] = {"declined": event.detail}
+        if status == "loaded":
+            report.precompile_hits += 1
+            self.store.record_precompile(hits=1)
+        elif status == "declined":
+            report.precompile_declined += 1
+            self.store.record_precompile(declined=1)
+        elif status == "failed":
+            report.precompile_load_errors += 1
+            self.store.record_precompile(load_errors=1)
 
     def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
         try:
@@ -212,7 +293,11 @@ class CacheSession:
         except OSError as exc:
             self._error("capture", str(exc))
             return
-        if not members:
+        extra: dict[str, bytes] = {}
+        for group_members in self._extra.values():
+            extra.update(group_members)
+        self._extra = {}
+        if not members and not extra:
             return
         # Another rank or process may have published the same compile meanwhile. Its bytes can
         # differ from ours (two g++ runs, pickled timestamps), so content addressing alone would
@@ -221,9 +306,10 @@ class CacheSession:
         known = self.known_members()
         if known:
             members = {name: data for name, data in members.items() if name not in known}
-            if not members:
-                logger.info("compile_cache: what this process compiled is already in the store")
-                return
+        members.update(extra)  # new content under a known name: published again
+        if not members:
+            logger.info("compile_cache: what this process compiled is already in the store")
+            return
         info = self.store.publish(
             self.key,
             members,
@@ -231,6 +317,7 @@ class CacheSession:
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
                 "isa_probe": artifacts.isa_probe_answers(),
+                **({"precompile": dict(self._new_records)} if self._new_records else {}),
                 **self._tags,
             },
             entry_info=self._entry_info,
@@ -252,13 +339,6 @@ class CacheSession:
         """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
         entry = self.store.entry(self.key)
         return [dict(p.metadata) for p in entry.packs] if entry is not None else []
-
-    def precompile_failed(self, name: str, exc: BaseException) -> None:
-        """Loading precompiled code failed: warn, count, and let the caller compile normally."""
-        self._error(
-            "precompile",
-            f"precompiled code for {name or '<root>'} did not load ({type(exc).__name__}: {exc})",
-        )
 
     def _error(self, kind: str, message: str) -> None:
         self.report.errors.append(f"{kind}: {message}")

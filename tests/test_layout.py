@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_paths", "_sizes", "_warnings", "config", "_testing"),
     ("torch_compat",),
     ("fingerprint", "_reference", "plan", "keys", "store", "locks", "artifacts"),
-    ("session", "regions", "prefetch"),
+    ("session", "regions", "prefetch", "precompiled"),
     ("warmup",),
     ("distributed",),
     ("api",),

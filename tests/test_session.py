@@ -9,6 +9,7 @@ backend: what is checked there is the store path, not Inductor's output.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -222,10 +223,16 @@ def test_unsafe_store_is_refused(tmp_path: Path, dynamo_reset: None) -> None:
     shutil.rmtree(shared)
 
 
-def test_precompile_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Precompile keeps only portable guards: an attribute changed after compiling goes unnoticed.
+def test_precompile_argument_then_variable_then_the_one_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compile_cache import config
+
     monkeypatch.delenv("COMPILE_CACHE_PRECOMPILE", raising=False)
-    assert session.precompile_requested(None) is False
-    monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", "1")
-    assert session.precompile_requested(None) is True
-    assert session.precompile_requested(False) is False
+    assert session.precompile_requested(None) is config.PRECOMPILE_DEFAULT
+    monkeypatch.setattr(config, "PRECOMPILE", dataclasses.replace(config.PRECOMPILE, default=True))
+    assert session.precompile_requested(None) is True  # the default lives in the registry
+    for text, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", text)
+        assert session.precompile_requested(None) is want
+        assert session.precompile_requested(not want) is (not want)

@@ -213,8 +213,10 @@ def test_precompile_missing_compiles_normally(
     tmp_path: Path, missing: Callable[[Any, str], None]
 ) -> None:
     import torch._dynamo.config as dynamo_config
+    from torch._dynamo.guards import CheckFunctionManager
 
-    missing(torch.compiler, "keep_portable_guards_unsafe")  # half of what precompile needs
+    # what the guard filter needs to know which guards can be saved
+    missing(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         _model, ref, out = _compile_and_run(tmp_path, precompile=True)

@@ -162,6 +162,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Restored", format_size(s["bytes_restored"])),
         ("Compile time spent", f"{s['compile_seconds']:.1f} s"),
         ("Compile time saved", f"{s['seconds_saved']:.1f} s (estimated)"),
+        ("Precompile", f"{s['precompile_hits']} hits, {s['precompile_declined']} declined, "
+                       f"{s['precompile_load_errors']} load errors (region groups)"),
         ("Evicted", f"{s['evictions']} entries, {format_size(s['evicted_bytes'])}"),
         ("Cache size", used),
     ]

@@ -223,12 +223,17 @@ class Store:
         """Count a fallback from the native fingerprint backend to the reference one."""
         self._bump(backend_fallbacks=1)
 
+    def record_precompile(self, *, hits: int = 0, declined: int = 0, load_errors: int = 0) -> None:
+        """Count region groups whose precompile entry loaded, declined, or failed to load."""
+        self._bump(precompile_hits=hits, precompile_declined=declined,
+                   precompile_load_errors=load_errors)
+
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus the store's size, cap and location.
 
         Keys: every counter (``hits``, ``misses``, ``errors``, ``corrupt``, ``incompatible``,
         ``publishes``, ``bytes_published``, ``bytes_restored``, ``seconds_saved``,
-        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``),
+        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``, ``precompile_*``),
         ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
         ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
         ``read_only``, ``read_only_reason``, ``lock_mode``.

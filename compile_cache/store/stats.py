@@ -43,6 +43,9 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "precompile_hits",
+    "precompile_declined",
+    "precompile_load_errors",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 

@@ -11,7 +11,8 @@ it goes missing, and that is loud, never silent:
 
 Capabilities are probed lazily (on first need, or by :func:`capabilities`), so importing
 compile_cache imports no private torch module. Modules: :mod:`.dynamo` (counters, guard
-failures, cache entries, recompile limit, precompile, the OptimizedModule check),
+failures, cache entries, recompile limit, the OptimizedModule check), :mod:`.precompile`
+(Dynamo's caching precompile, with its guard filter, entry names and pins),
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts).
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "inductor_cache", "isa", "c10d", "configs")
+MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs")
 
 
 class TorchCompatWarning(RuntimeWarning):

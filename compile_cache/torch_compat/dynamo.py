@@ -1,4 +1,4 @@
-"""Dynamo's private API: compile counters, guard failures, cache entries, config, precompile.
+"""Dynamo's private API: compile counters, guard failures, cache entries, config.
 
 What compile_cache reads or sets inside ``torch._dynamo`` (torch 2.8 to 2.13), each behind a
 capability (see :mod:`compile_cache.torch_compat`):
@@ -12,20 +12,17 @@ capability (see :mod:`compile_cache.torch_compat`):
 ``dynamo.cache_entries``   ``torch._dynamo.eval_frame._debug_get_cache_entry_list``:
                            compiled entries per code object (``region_stats``, eager reasons).
 ``dynamo.config``          ``torch._dynamo.config.recompile_limit`` and ``.disable``.
-``dynamo.precompile``      ``torch._dynamo.config.caching_precompile`` (and its ``patch``).
 ``dynamo.optimized_module``  ``torch._dynamo.eval_frame.OptimizedModule``: refuse a model that
                            ``torch.compile`` already wrapped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from . import available, capability, mark_missing
@@ -37,16 +34,11 @@ __all__ = [
     "cache_entries",
     "check_counters",
     "compile_disabled",
-    "enable_precompile",
     "guard_failures",
     "import_compile_stack",
     "is_optimized_module",
-    "precompile_disabled",
-    "precompile_enabled",
-    "precompile_options",
     "raise_recompile_limit",
     "recompile_limit",
-    "save_precompile_entries",
 ]
 
 # The counter names torch's caches bump (torch/_inductor/codecache.py, autograd_cache.py).
@@ -245,75 +237,6 @@ def compile_disabled() -> bool:
         return True
     config = sys.modules.get("torch._dynamo.config")
     return bool(getattr(config, "disable", False))
-
-
-@capability(
-    "dynamo.precompile",
-    needs="torch._dynamo.config.caching_precompile and torch.compiler.keep_portable_guards_unsafe",
-    breaks="precompile=True compiles normally: Dynamo traces at every start",
-)
-def _probe_precompile() -> str | None:
-    import torch
-    from torch._dynamo import config
-
-    if not hasattr(config, "caching_precompile"):
-        return "torch._dynamo.config has no 'caching_precompile'"
-    if not callable(getattr(torch.compiler, "keep_portable_guards_unsafe", None)):
-        return "torch.compiler has no keep_portable_guards_unsafe"
-    return None
-
-
-def precompile_options() -> dict[str, Any]:
-    """``options=`` for ``torch.compile`` when precompile is used.
-
-    Portable guards only (tensor metadata, shape env, global state): the default guard set holds
-    class-identity guards that cannot be serialised (``CLASS_MATCH guard cannot be serialized`` on
-    GPT-2 blocks). What the dropped guards checked is covered by the fingerprint in our key.
-    """
-    import torch
-
-    return {"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
-
-
-def enable_precompile() -> bool:
-    """Turn on Dynamo's caching precompile for the process; False where this torch lacks it."""
-    if not available("dynamo.precompile"):
-        return False
-    from torch._dynamo import config
-
-    config.caching_precompile = True
-    return True
-
-
-@contextlib.contextmanager
-def precompile_disabled() -> Iterator[None]:
-    """Compile without looking up or saving a precompile package (Dynamo's config patch)."""
-    from torch._dynamo import config
-
-    if not hasattr(config, "caching_precompile"):
-        yield
-        return
-    with config.patch(caching_precompile=False):
-        yield
-
-
-def precompile_enabled() -> bool:
-    """Whether Dynamo's caching precompile is on (never imports Dynamo)."""
-    config = sys.modules.get("torch._dynamo.config")
-    return bool(getattr(config, "caching_precompile", False))
-
-
-def save_precompile_entries() -> None:
-    """With caching precompile on, make torch write its Dynamo entries to the local cache dir.
-
-    ``torch.compiler.save_cache_artifacts()`` writes them to ``<inductor>/dynamo/<id>/entry``
-    (its returned bytes are not used: the files are what a pack carries).
-    """
-    if not precompile_enabled():
-        return
-    import torch
-
-    torch.compiler.save_cache_artifacts()
 
 
 @capability(

@@ -1,0 +1,191 @@
+"""Precompiled regions: one precompiled function per region group, and what happens to it.
+
+With precompile, :func:`compile_cache.regions.install` compiles each group (and each part
+compiled on its own) through one :class:`~compile_cache.torch_compat.precompile.PrecompiledFunction`
+that every member calls with itself as ``self``, so all of the group's traces, recompiles for
+per-block attributes included, land in one Dynamo package, saved under one entry name. The
+entry name comes from the full store key (model fingerprint with attributes, plan, compile
+keywords, environment), the group and its keywords: no two models or groups share one.
+
+A group that cannot use precompile compiles normally, with every default guard, and says why:
+another backend than Inductor (the others save no compiled code), the user's own
+``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, a guard that cannot be
+saved faithfully (seen while tracing), an entry that does not load. Each such group is warned
+about (:class:`RegionPrecompileWarning`) and reported to the session, which counts it in the
+store's ``stats`` and in ``last_report().precompile_groups``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from . import _warnings
+from .torch_compat import precompile as pc
+
+__all__ = [
+    "BoundCall",
+    "GroupPrecompiler",
+    "PrecompileEvent",
+    "PrecompileSetup",
+    "RegionPrecompileWarning",
+    "isolate_from_global_flag",
+]
+
+
+class RegionPrecompileWarning(RuntimeWarning):
+    """A region does not use precompile (it compiles normally, so Dynamo traces it at each start)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecompileEvent:
+    """One group's precompile outcome.
+
+    ``status``: ``loaded`` (its entry came from the store: tracing skipped), ``new`` (no entry
+    yet: what it traces is saved), ``declined`` / ``failed`` (compiled without precompile:
+    ``detail`` says why), or ``load_error`` (torch could not read an entry; comes on its own).
+    ``persist``: a decline found while tracing, the same on every node for this entry, which the
+    store remembers so that later starts decline at once instead of tracing twice.
+    """
+
+    code_name: str
+    label: str
+    entry: str
+    status: str
+    detail: str = ""
+    persist: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecompileSetup:
+    """What install needs for precompile: the store key the entries are named by, who hears of
+    each group's outcome (the session: report and counters), and what the store records of each
+    entry (entry name -> ``{"declined": why}`` or ``{"pins": {source: description}}``)."""
+
+    store_key: str
+    on_event: Callable[[PrecompileEvent], None] | None = None
+    records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+class BoundCall:
+    """A member's compiled call path: the group's precompiled function, called with the member."""
+
+    __slots__ = ("module", "pf")
+
+    def __init__(self, pf: pc.PrecompiledFunction, module: nn.Module) -> None:
+        self.pf = pf
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.pf(self.module, *args, **kwargs)
+
+
+_FUNCTIONS: dict[str, pc.PrecompiledFunction] = {}  # entry name -> its function, process-wide
+_LOCK = threading.Lock()
+
+
+def _declined_up_front(compile_kwargs: dict[str, Any]) -> str | None:
+    backend = compile_kwargs.get("backend", "inductor")
+    if backend != "inductor":
+        name = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
+        return (f"backend {name!r}: precompile needs backend='inductor' (other backends save no "
+                f"compiled code with the entry)")
+    if "guard_filter_fn" in (compile_kwargs.get("options") or {}):
+        return "options['guard_filter_fn'] is given: compile_cache does not replace your filter"
+    return None
+
+
+class GroupPrecompiler:
+    """Hands out one precompiled function per group during one install, and reports them."""
+
+    def __init__(self, setup: PrecompileSetup, template: types.FunctionType) -> None:
+        self.setup = setup
+        self.template = template
+        self.functions: dict[str, pc.PrecompiledFunction] = {}
+        self._declines: dict[str, list[str]] = {}  # reason -> group labels, warned at finish()
+
+    def function(self, code_name: str, label: str, compile_kwargs: dict[str, Any]
+                 ) -> pc.PrecompiledFunction:
+        """The group's precompiled function (created once per entry name in a process)."""
+        pf = self.functions.get(code_name)
+        if pf is not None:
+            return pf
+        name = pc.entry_name(self.setup.store_key, code_name, compile_kwargs, self.template)
+        with _LOCK:
+            pf = _FUNCTIONS.get(name)
+            if pf is None:
+                record = self.setup.records.get(name) or {}
+                declined = _declined_up_front(compile_kwargs)
+                if declined is None and isinstance(record.get("declined"), str):
+                    declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
+                pins = record.get("pins") if isinstance(record.get("pins"), dict) else None
+                fn = pc.region_function(self.template, name)
+                pf = _FUNCTIONS[name] = pc.PrecompiledFunction(fn, compile_kwargs,
+                                                               declined=declined, pins=pins)
+        self.functions[code_name] = pf
+        pf.on_decline(lambda f: self._declined_later(code_name, label, f))
+        status, detail = pf.status, pf.declined or ""
+        if pf.load_error and status != "failed":
+            self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
+        self._event(PrecompileEvent(code_name, label, name, status, detail))
+        if status in ("declined", "failed"):
+            self._declines.setdefault(detail, []).append(label)
+        return pf
+
+    def finish(self) -> None:
+        """One warning per reason for the groups that declined while compiling."""
+        for reason, labels in self._declines.items():
+            _warnings.warn(
+                f"compile_cache: precompile is off for {', '.join(labels)}: {reason}. "
+                f"Compiled normally instead (Dynamo traces it at each start).",
+                RegionPrecompileWarning,
+            )
+        self._declines.clear()
+
+    def _declined_later(self, code_name: str, label: str, pf: pc.PrecompiledFunction) -> None:
+        _warnings.warn(
+            f"compile_cache: precompile is off for {label}: {pf.declined}. Compiled again "
+            f"without it, with every guard Dynamo keeps; the outputs are eager's.",
+            RegionPrecompileWarning,
+        )
+        self._event(PrecompileEvent(code_name, label, pf.fn.__qualname__, "declined",
+                                    pf.declined or "", persist=pf.decline_persists))
+
+    def _event(self, event: PrecompileEvent) -> None:
+        if self.setup.on_event is not None:
+            self.setup.on_event(event)
+
+
+_warned_global_flag = False
+
+
+def isolate_from_global_flag() -> bool:
+    """Whether the process has ``caching_precompile`` on (``TORCH_CACHING_PRECOMPILE=1``): the
+    regions then compile and run without it, since its forced drop of identity guards is not
+    safe for them. Warned once per process."""
+    global _warned_global_flag
+    if not pc.global_flag_on():
+        return False
+    if not _warned_global_flag:
+        _warned_global_flag = True
+        _warnings.warn(
+            "compile_cache: torch._dynamo.config.caching_precompile is on for the whole process "
+            "(TORCH_CACHING_PRECOMPILE=1); compile_cache compiles its regions without it, since "
+            "it drops identity guards. compile_regions(..., precompile=True) is a precompile "
+            "that keeps them.",
+            RegionPrecompileWarning,
+        )
+    return True
+
+
+def _reset() -> None:
+    """Forget the process's precompiled functions and warnings (tests)."""
+    global _warned_global_flag
+    with _LOCK:
+        _FUNCTIONS.clear()
+    _warned_global_flag = False

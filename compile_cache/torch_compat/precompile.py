@@ -1,0 +1,444 @@
+"""Dynamo's caching precompile, used so that it is never wrong (torch 2.13's private API).
+
+Precompile saves Dynamo's traced bytecode and guards (a *package*) next to Inductor's
+artifacts, so a later start skips tracing. compile_cache uses it per region group:
+
+* **Guards** (:mod:`.precompile_guards`): every guard that can be saved is kept, in process and
+  on disk; only identity guards that the store key pins are dropped; a region whose guards
+  cannot be saved faithfully declines precompile and compiles normally (:class:`PrecompiledFunction`
+  does it, the caller warns and counts).
+* **Scope**: ``torch._dynamo.config.caching_precompile`` (and, with it,
+  ``torch._functorch.config.force_non_lazy_backward_lowering``, so a training graph's backward
+  is compiled, and saved, inside the call) is set only around our own ``torch.compile()`` and
+  around our own region calls. The user's other compiles and the Dynamo config digest of the
+  environment key never see it. When the user turned it on process-wide
+  (``TORCH_CACHING_PRECOMPILE=1``), Dynamo's forced drop of identity guards would apply to our
+  regions too: they then compile and run with it off (:func:`compile_isolated`).
+* **Pins** (:mod:`.precompile_pins`): the globals whose identity guards had to be dropped are
+  checked once per model forward, and against the publisher's record before an entry loads.
+* **Naming** (:mod:`.precompile_names`): Dynamo's on-disk id is
+  ``sha256(fn.__qualname__ + first line)`` of the compiled function. Each (store key, group,
+  compile keywords, trampoline code) gets its own function, code object and module namespace
+  named by that digest, so no two models or groups share an entry, and the globals a loaded
+  package installs (resume functions named by the publisher's counter) never meet another
+  package's.
+* **Saving** (:meth:`PrecompiledFunction.save`): ``DynamoCache.save(package)`` when the package
+  is faithful and holds something new; never ``torch.compiler.save_cache_artifacts()`` with the
+  flag on (it saves every package of the process, the user's too, and marks one ``bypassed`` for
+  good when a backend is missing).
+* **A torch 2.13 bug worked around** (:func:`_advance_unique_ids`): a loaded package installs
+  globals named by the publisher's ``unique_id`` counter (``__builtins_dict___0``); the next
+  trace in the loading process picks the same name and fails (``Name '__builtins_dict___0'
+  already exists in scope``). After a load the counter moves past them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import PrecompileDeclined
+from . import available, capability, mark_missing
+from .precompile_guards import GuardReport, make_guard_filter, unsupported_guard_types
+from .precompile_names import ENTRY_FORMAT, entry_name, region_function
+from .precompile_pins import Pins, forward_count, next_forward, verify
+
+logger = logging.getLogger("compile_cache")
+
+__all__ = [
+    "CAPABILITY",
+    "ENTRY_FORMAT",
+    "IsolatedCall",
+    "PrecompiledFunction",
+    "compile_isolated",
+    "entry_name",
+    "global_flag_on",
+    "next_forward",
+    "region_function",
+    "usable",
+]
+
+CAPABILITY = "dynamo.precompile"
+
+
+@capability(
+    CAPABILITY,
+    needs="torch._dynamo.config.caching_precompile, torch._functorch.config."
+    "force_non_lazy_backward_lowering, torch._dynamo.package (CompilePackage, DynamoCache), "
+    "torch._dynamo.precompile_context.PrecompileContext, torch._dynamo.types.GuardFilterEntry, "
+    "CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES, "
+    "torch._C._dynamo.eval_frame._reset_precompile_entries, "
+    "torch._dynamo.bytecode_transformation._unique_id_counter",
+    breaks="precompile is off: regions compile normally and Dynamo traces at every start",
+)
+def _probe_precompile() -> str | None:
+    import torch._dynamo.bytecode_transformation as bt
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.package import CompilePackage, DynamoCache
+    from torch._dynamo.precompile_context import PrecompileContext
+    from torch._dynamo.types import GuardFilterEntry
+
+    if not hasattr(dynamo_config, "caching_precompile"):
+        return "torch._dynamo.config has no 'caching_precompile'"
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return "torch._functorch.config has no 'force_non_lazy_backward_lowering'"
+    for owner, names in ((CompilePackage, ("source_id_from_fn", "install", "uninstall")),
+                         (DynamoCache, ("save", "load", "path_prefix")),
+                         (PrecompileContext, ("serialize_artifact_by_key",))):
+        for name in names:
+            if not callable(getattr(owner, name, None)):
+                return f"{owner.__name__} has no {name}()"
+    fields = {f.name for f in dataclasses.fields(GuardFilterEntry)}
+    wanted = {"name", "has_value", "value", "guard_type", "derived_guard_types", "is_global",
+              "orig_guard"}
+    if not wanted <= fields:
+        return f"GuardFilterEntry lacks {sorted(wanted - fields)}"
+    unsupported_guard_types()
+    from torch._C._dynamo.eval_frame import _reset_precompile_entries  # noqa: F401
+
+    if not isinstance(getattr(bt, "_unique_id_counter", None), itertools.count):
+        return "torch._dynamo.bytecode_transformation._unique_id_counter is not an itertools.count"
+    return None
+
+
+def usable() -> bool:
+    """Whether this torch offers what precompile needs (warns once when it does not)."""
+    return available(CAPABILITY)
+
+
+def global_flag_on() -> bool:
+    """Whether ``caching_precompile`` is on for the whole process (``TORCH_CACHING_PRECOMPILE``)."""
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(config, "caching_precompile", False))
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling with the process-wide flag off
+
+
+class IsolatedCall:
+    """Calls a compiled function with ``caching_precompile`` off while the process has it on:
+    Dynamo's forced drop of identity guards must not reach compile_cache's regions."""
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self.compiled = compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._dynamo.config as dynamo_config
+
+        if not dynamo_config.caching_precompile:
+            return self.compiled(*args, **kwargs)
+        dynamo_config.caching_precompile = False
+        try:
+            return self.compiled(*args, **kwargs)
+        finally:
+            dynamo_config.caching_precompile = True
+
+
+def compile_isolated(fn: Callable[..., Any], **compile_kwargs: Any) -> Callable[..., Any]:
+    """``torch.compile(fn, ...)`` with ``caching_precompile`` off at compile and at every trace."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+
+    with dynamo_config.patch(caching_precompile=False):
+        return IsolatedCall(torch.compile(fn, **compile_kwargs))
+
+
+# --------------------------------------------------------------------------------------------
+# The compiled function
+
+
+def _package_of(compiled: Any) -> Any:
+    """The CompilePackage ``torch.compile`` created (the OptimizeContext in the wrapper's closure)."""
+    closure = getattr(compiled, "__closure__", None) or ()
+    names = getattr(getattr(compiled, "__code__", None), "co_freevars", ())
+    for name, cell in zip(names, closure, strict=False):
+        if name == "self":
+            package = getattr(cell.cell_contents, "_package", None)
+            if package is not None:
+                return package
+    mark_missing(CAPABILITY, "torch.compile's wrapper no longer exposes its CompilePackage")
+    raise PrecompileDeclined("torch.compile's wrapper exposes no CompilePackage (torch moved it)")
+
+
+def _counter(name: str) -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["dynamo_cache"][name])
+
+
+class PrecompiledFunction:
+    """``torch.compile(fn, **compile_kwargs)`` whose Dynamo package is loaded from and saved to
+    ``<inductor cache>/dynamo/<id>/entry``, with guards that never make it wrong.
+
+    Call it like the compiled function. ``status`` is ``"loaded"`` (an entry was installed: the
+    calls it covers trace nothing), ``"new"`` (no entry yet: what the calls trace is saved by
+    :meth:`save`), ``"declined"`` (``declined`` says why) or ``"failed"`` (an entry did not load,
+    ``load_error`` says why): the function then runs a copy compiled without precompile, with every default guard.
+    ``declined`` given at construction declines at once (another backend, the process-wide flag).
+    Listeners added with :meth:`on_decline` hear of a decline that happens during a call.
+    """
+
+    def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
+                 declined: str | None = None, pins: dict[str, str] | None = None) -> None:
+        import torch
+        import torch._dynamo.config as dynamo_config
+        import torch._functorch.config as functorch_config
+        from torch._dynamo.package import CompilePackage
+
+        self.fn = fn
+        self.compile_kwargs = dict(compile_kwargs)
+        self.report = GuardReport()
+        self.declined: str | None = None
+        self.load_error: str | None = None
+        self.loaded = False
+        self.package: Any = None
+        self._listeners: list[Callable[[PrecompiledFunction], None]] = []
+        self._configs = dynamo_config, functorch_config
+        #: The code object Dynamo caches the running compile under (guard failures, entries).
+        self.code: types.CodeType = fn.__code__
+        self._saved_digest: str | None = None
+        self._lock = threading.Lock()
+        self.pins = Pins(fn.__globals__)
+        self._pins_checked = -1
+        self._pins_seen = 0
+        #: False for a decline that depends on this process (a global bound differently): the
+        #: store should not remember it for the entry.
+        self.decline_persists = True
+        self.source_id = CompilePackage.source_id_from_fn(fn)
+        if declined is None and global_flag_on():
+            declined = ("torch._dynamo.config.caching_precompile is on for the whole process "
+                        "(TORCH_CACHING_PRECOMPILE=1); its forced drop of identity guards is not "
+                        "safe for compile_cache's regions")
+        if declined is None:
+            declined = self._check_entry_before_loading(pins)
+        if declined is not None:
+            self._decline(declined)
+            return
+        kwargs = dict(self.compile_kwargs)
+        options = dict(kwargs.pop("options", None) or {})
+        options["guard_filter_fn"] = make_guard_filter(self.report)
+        hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
+        try:
+            with dynamo_config.patch(caching_precompile=True):
+                # torch.compile pops guard_filter_fn out of the dict it is given: pass a copy.
+                self.compiled = torch.compile(fn, options=dict(options), **kwargs)
+            self.package = _package_of(self.compiled)
+        except PrecompileDeclined as exc:
+            self._decline(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bad entry can raise anything here
+            # torch catches only RuntimeError around installing an entry; undo what a half
+            # install left on the code object, and compile without precompile.
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            _reset_precompile_entries(fn.__code__)
+            self._decline(f"the precompile entry did not load ({self.load_error})")
+            return
+        self.loaded = _counter("dynamo_cache_hit") > hits
+        if _counter("dynamo_cache_error") > errors:
+            self.load_error = "torch could not read the precompile entry (dynamo_cache_error)"
+        if self.loaded:
+            _advance_unique_ids(fn.__globals__)
+            self.pins.add_current(pins or ())
+            # What the entry on disk holds: a save that adds nothing is skipped (pickling the
+            # same package again gives other bytes, which would republish at every start).
+            self._saved_digest = self.content_digest()
+
+    def _check_entry_before_loading(self, pins: dict[str, str] | None) -> str | None:
+        """An entry on disk loads only with the publisher's record of its pins, all of them
+        naming here what they named there; an entry with no record is removed (traced again)."""
+        from torch._dynamo.package import DynamoCache
+
+        entry_dir = os.path.join(DynamoCache.path_prefix(), self.source_id)
+        if not os.path.exists(os.path.join(entry_dir, "entry")):
+            return None
+        if pins is None:
+            logger.info("compile_cache: precompile entry %s has no record of its pins; tracing "
+                        "it again", self.fn.__qualname__)
+            shutil.rmtree(entry_dir, ignore_errors=True)
+            return None
+        reason = verify(pins, self.fn.__globals__)
+        if reason is not None:
+            self.decline_persists = False
+        return reason
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``loaded``, ``new``, ``failed`` (an entry did not load) or ``declined``."""
+        if self.declined is not None:
+            return "failed" if self.load_error is not None else "declined"
+        return "loaded" if self.loaded else "new"
+
+    def on_decline(self, listener: Callable[[PrecompiledFunction], None]) -> None:
+        """Call ``listener(self)`` when a later call declines precompile."""
+        self._listeners.append(listener)
+
+    # -- calling -------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.declined is not None:
+            return self.compiled(*args, **kwargs)
+        if self._pins_checked != forward_count():  # once per model forward
+            self._pins_checked = forward_count()
+            moved = self.pins.changed() if len(self.pins) else None
+            if moved is not None:
+                self.decline_persists = False
+                self._decline_during_call(moved)
+                return self.compiled(*args, **kwargs)
+        # caching_precompile on for our own traces only (a ContextVar in torch 2.13: per
+        # thread): Dynamo records the package and AOTAutograd bundles its entry as the
+        # package's backend, while the FX graph cache stays in use; the backward of a training
+        # graph compiles now, inside the call, not lazily at .backward() with the flag off.
+        dynamo_config, functorch_config = self._configs
+        old = dynamo_config.caching_precompile, functorch_config.force_non_lazy_backward_lowering
+        dynamo_config.caching_precompile = True
+        functorch_config.force_non_lazy_backward_lowering = True
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as exc:
+            # Dynamo re-raises the filter's PrecompileDeclined wrapped (InternalTorchDynamoError)
+            if not (_caused_by(exc, PrecompileDeclined) or not self.report.safe):
+                raise
+        else:
+            if self.report.safe:
+                if len(self.report.pins) != self._pins_seen:  # new frames traced
+                    self._pins_seen = len(self.report.pins)
+                    self.pins.add(self.report.pins)
+                return out
+            # suppress_errors=True swallowed the decline and ran the frame eagerly: the output
+            # is right; compile without precompile from now on.
+            self._decline_during_call()
+            return out
+        finally:
+            dynamo_config.caching_precompile, functorch_config.force_non_lazy_backward_lowering = old
+        self._decline_during_call()
+        return self.compiled(*args, **kwargs)
+
+    def _decline_during_call(self, reason: str | None = None) -> None:
+        with self._lock:
+            if self.declined is not None:
+                return
+            self._decline(reason or "; ".join(self.report.declined) or "declined")
+        for listener in list(self._listeners):
+            listener(self)
+
+    def _decline(self, reason: str) -> None:
+        """Compile a copy of the function without precompile (fresh code object, default
+        guards); every later call runs it."""
+        self.declined = reason
+        logger.debug("compile_cache: precompile declined for %s: %s", self.fn.__qualname__, reason)
+        name = f"{self.fn.__qualname__}__noprecompile"
+        code = self.fn.__code__.replace(co_name=name, co_qualname=name)
+        plain = types.FunctionType(code, self.fn.__globals__, name, self.fn.__defaults__,
+                                   self.fn.__closure__)
+        plain.__qualname__ = name
+        self.code = code
+        self.compiled = compile_isolated(plain, **self.compile_kwargs)
+        self.package = None
+
+    # -- saving --------------------------------------------------------------------------------
+    def why_not_saveable(self) -> str | None:
+        """None when the package can be saved faithfully, else the reason."""
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        if self.declined is not None or not self.report.safe:
+            return "declined: " + (self.declined or "; ".join(self.report.declined))
+        codes = list(self.package._codes.values())
+        if not any(c.guarded_codes for c in codes):
+            return "nothing traced into the package yet"
+        if any(c.bypassed for c in codes):
+            return "torch bypassed the package (a guard or value could not be serialised)"
+        for code in codes:
+            for backend_id in code.backend_ids:
+                if PrecompileContext.serialize_artifact_by_key(backend_id) is None:
+                    return f"backend {backend_id} not recorded yet"
+        return None
+
+    def save(self) -> tuple[bool, str]:
+        """Writes the entry when it is faithful and holds something new: (written, why)."""
+        from torch._dynamo.package import DynamoCache
+
+        with self._lock:
+            reason = self.why_not_saveable()
+            if reason is not None:
+                return False, reason
+            digest = self.content_digest()
+            if digest == self._saved_digest:
+                return False, "unchanged"
+            DynamoCache.save(self.package)  # write_atomic into <cache_dir>/dynamo/<id>/entry
+            self._saved_digest = digest
+            return True, "written"
+
+    def content_digest(self) -> str | None:
+        """A digest of what the package holds: every frame's guards and bytecode, per code."""
+        if self.package is None:
+            return None
+        h = hashlib.sha256()
+        for code, entry in self.package._codes.items():
+            h.update(code.co_name.encode())
+            for guarded in entry.guarded_codes:
+                h.update(hashlib.sha256(guarded.guards_state).digest())
+                h.update(hashlib.sha256(guarded.dynamo_code.co_code).digest())
+            h.update(repr(sorted(entry.function_names)).encode())
+        return h.hexdigest()
+
+    def entry_path(self) -> str:
+        """Where :meth:`save` writes the entry (under torch's local Inductor cache dir)."""
+        from torch._dynamo.package import DynamoCache
+
+        return os.path.join(DynamoCache.path_prefix(), self.source_id, "entry")
+
+
+def _reset_precompile_entries(code: types.CodeType) -> None:
+    try:
+        from torch._C._dynamo.eval_frame import _reset_precompile_entries as reset
+
+        reset(code)
+    except Exception:  # noqa: BLE001 - the declined copy has its own code object anyway
+        logger.debug("compile_cache: could not reset precompile entries", exc_info=True)
+
+
+def _caused_by(exc: BaseException | None, kind: type) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+#: Globals Dynamo names with its process-wide counter: ``<prefix>_<n>``, ``__compiled_fn`` with
+#: a uuid after the number.
+_LOCK = threading.Lock()
+_UNIQUE_NAME = re.compile(r"^(?:__|torch_dynamo_resume).*?_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?$")
+
+
+def _advance_unique_ids(scope: dict[str, Any]) -> None:
+    """Move torch's ``unique_id`` counter past every counter-named global in ``scope``, so that
+    the next trace in this process does not pick a name a loaded package installed there."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    top = -1
+    for name in list(scope):
+        match = _UNIQUE_NAME.match(name)
+        if match:
+            top = max(top, int(match.group(1)))
+    if top < 0:
+        return
+    with _LOCK:
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, top + 1))

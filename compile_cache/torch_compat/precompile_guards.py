@@ -1,0 +1,231 @@
+"""The guard filter of compile_cache's precompile: keep every guard that can be saved, drop only
+what our key pins, and decline the rest.
+
+Dynamo calls ``guard_filter_fn`` with every guard of a traced frame (``GuardFilterEntry``,
+``torch/_dynamo/types.py``). What the filter drops is dropped from the in-process cache entry
+too, not only from what is saved (``torch/_dynamo/guards.py``, ``CheckFunctionManager``), so a
+filter that drops a value guard makes the *running* process wrong. That is what
+``torch.compiler.keep_portable_guards_unsafe`` does: it keeps only global-state, shape-env and
+tensor-match guards, and drops every constant, attribute, ``training``, argument-count and
+optional-argument guard.
+
+:func:`classify_guard` decides per guard:
+
+* **keep** every guard Dynamo can serialise and does not drop by itself under
+  ``caching_precompile``: constant and equality matches on attributes, arguments and globals,
+  type matches, sequence lengths (``*args``), dict keys (``**kwargs``), ``__defaults__``,
+  ``training``, tensor matches, global state, grad mode, the hooks-dict checks;
+* **drop** a guard that cannot be serialised (``CheckFunctionManager.
+  UNSUPPORTED_SERIALIZATION_GUARD_TYPES``) or that Dynamo drops itself under
+  ``caching_precompile`` (identity guards: ``ID_MATCH``, ``CLOSURE_MATCH``, ``BUILTIN_MATCH``,
+  ``CLASS_MATCH``, ``MODULE_MATCH``, ...), but only where compile_cache's key pins what it checks:
+  Python modules, torch / standard-library / builtin callables (the environment key pins torch
+  and Python), module-level classes, functions and enum members reachable under their qualname
+  (Dynamo re-checks the source of every inlined function when it loads an entry), ``nn.Module``
+  objects (the fingerprint pins class and structure; the value guards on their attributes stay)
+  and what is reached through the module's class (``type(self)``: the fingerprint pins class and
+  ``forward`` code);
+* **decline** anything else (a Python function stored on the instance, a torch builtin stored
+  on the instance, a locally defined class, ...): the filter raises
+  :class:`~compile_cache.errors.PrecompileDeclined` and the region compiles without precompile.
+  Keeping such a guard is no option: torch 2.13 then fails the compile
+  (``check_fn.guards_state must not be None``, ``torch/_dynamo/convert_frame.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import sys
+import threading
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import PrecompileDeclined
+
+__all__ = [
+    "DECLINE",
+    "DROP",
+    "KEEP",
+    "GuardDecision",
+    "GuardReport",
+    "classify_guard",
+    "make_guard_filter",
+    "unsupported_guard_types",
+]
+
+KEEP, DROP, DECLINE = "keep", "drop", "decline"
+
+#: The guards Dynamo drops by itself when ``caching_precompile`` is on at trace time,
+#: whatever the filter returned (``torch/_dynamo/guards.py``, ``CheckFunctionManager.__init__``).
+_FORCED_TYPES = ("ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION")
+
+
+def unsupported_guard_types() -> frozenset[str]:
+    """The guard types Dynamo cannot serialise (``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    return frozenset(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardDecision:
+    """What the filter does with one guard, and why."""
+
+    action: str  # KEEP, DROP or DECLINE
+    reason: str
+
+
+def _module_of(value: Any) -> str:
+    if inspect.ismodule(value):
+        return value.__name__
+    return getattr(value, "__module__", None) or ""
+
+
+def _is_torch_object(value: Any) -> bool:
+    mod = _module_of(value)
+    return mod in ("torch", "builtins") or mod.startswith("torch.")
+
+
+def _is_stdlib_object(value: Any) -> bool:
+    """Defined by Python's standard library (the environment key pins the Python version)."""
+    return _module_of(value).split(".", 1)[0] in sys.stdlib_module_names
+
+
+def _resolvable(value: Any) -> bool:
+    """A function or class that its module exports under its qualname (what pickle would find)."""
+    obj: Any = sys.modules.get(getattr(value, "__module__", "") or "")
+    if obj is None:
+        return False
+    for part in (getattr(value, "__qualname__", "") or "").split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return obj is value
+
+
+def _through_type(name: str) -> bool:
+    """The source goes through a class (``type(self)``, ``__class__``, ``__mro__``): what it finds
+    is defined by the class, which the fingerprint pins (class qualname and forward code)."""
+    return "type(" in name or "__class__" in name or "__mro__" in name
+
+
+def _torch_drops(entry: Any) -> bool:
+    derived = tuple(entry.derived_guard_types or ())
+    return entry.guard_type in _FORCED_TYPES or "ID_MATCH" in derived or "DICT_VERSION" in derived
+
+
+def _serialisable(entry: Any, unsupported: frozenset[str]) -> bool:
+    """What ``CheckFunctionManager.serialize_guards`` accepts."""
+    if entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH"):
+        return not getattr(entry.orig_guard, "_unserializable", False)
+    derived = tuple(entry.derived_guard_types or ())
+    return entry.guard_type not in unsupported and not any(d in unsupported for d in derived)
+
+
+def _describe(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> GuardDecision:
+    """Keep, drop or decline one ``GuardFilterEntry`` (see the module docstring)."""
+    from torch import nn
+
+    unsupported = unsupported_guard_types() if unsupported is None else unsupported
+    gtype = entry.guard_type
+    if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
+        return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
+    if _serialisable(entry, unsupported) and not _torch_drops(entry):
+        return GuardDecision(KEEP, "serialisable")
+    if not entry.has_value:
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name} (no value to judge)")
+    value = entry.value
+    if entry.is_global:
+        if inspect.ismodule(value):
+            return GuardDecision(DROP, "global module identity (environment key)")
+        if inspect.isbuiltin(value) or (
+            callable(value) and (_is_torch_object(value) or _is_stdlib_object(value))
+        ):
+            return GuardDecision(DROP, "global torch/stdlib/builtin callable (environment key)")
+        if (inspect.isclass(value) or inspect.isfunction(value)) and _resolvable(value):
+            return GuardDecision(DROP, "global class/function by qualname (source checked at load)")
+        if isinstance(value, enum.Enum) and _resolvable(type(value)):
+            return GuardDecision(DROP, "enum member of a global enum class")
+        return GuardDecision(DECLINE, f"{gtype} on global {entry.name} ({_describe(value)})")
+    # Locals: self, args, kwargs and what is reached from them.
+    if isinstance(value, nn.Module) and gtype != "NN_MODULE":
+        # NN_MODULE also carries the module's `training` check inside it: dropping it would
+        # drop that value guard too, so it declines.
+        return GuardDecision(DROP, "nn.Module identity (fingerprint: class and structure)")
+    if _through_type(entry.name) and (
+        inspect.isclass(value) or inspect.isfunction(value) or isinstance(value, types.CodeType)
+    ):
+        return GuardDecision(DROP, "defined by the module's class (fingerprint: class, forward code)")
+    if inspect.ismethod(value) and isinstance(value.__self__, nn.Module):
+        cls_attr = inspect.getattr_static(type(value.__self__), value.__func__.__name__, None)
+        if cls_attr is value.__func__:
+            return GuardDecision(DROP, "a module's own method (fingerprint: class)")
+    return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)})")
+
+
+def _pinnable(entry: Any) -> bool:
+    """A dropped guard on a global function, class or builtin that a rebinding could change
+    (not modules, enum members or Python's own builtins dict)."""
+    value = entry.value
+    return (entry.is_global and entry.has_value and callable(value)
+            and not inspect.ismodule(value) and not isinstance(value, enum.Enum)
+            and not entry.name.startswith("G['__builtins_dict__"))
+
+
+@dataclasses.dataclass
+class GuardReport:
+    """What the filter saw for one region: counts per decision, and why precompile was declined."""
+
+    kept: int = 0
+    dropped: int = 0
+    declined: list[str] = dataclasses.field(default_factory=list)
+    dropped_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    frames: int = 0
+    #: Dropped identity guards on globals (source -> the object it named when traced): what a
+    #: rebinding (monkeypatching) would change. Checked by the caller: once per forward in
+    #: process, and against the publisher's when an entry loads.
+    pins: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def safe(self) -> bool:
+        """True while no guard had to be declined."""
+        return not self.declined
+
+
+def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[bool]]:
+    """A ``guard_filter_fn`` for ``torch.compile(options=...)`` that records into ``report`` and
+    raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped."""
+    unsupported = unsupported_guard_types()
+    lock = threading.Lock()
+
+    def guard_filter(entries: Sequence[Any]) -> list[bool]:
+        out = []
+        with lock:
+            report.frames += 1
+            for entry in entries:
+                decision = classify_guard(entry, unsupported)
+                if decision.action == DROP:
+                    if _pinnable(entry):
+                        report.pins.setdefault(entry.name, entry.value)
+                    report.dropped += 1
+                    kinds = report.dropped_kinds
+                    kinds[entry.guard_type] = kinds.get(entry.guard_type, 0) + 1
+                    out.append(False)
+                    continue
+                report.kept += 1
+                if decision.action == DECLINE and decision.reason not in report.declined:
+                    report.declined.append(decision.reason)
+                out.append(True)
+        if report.declined:
+            raise PrecompileDeclined("; ".join(report.declined))
+        return out
+
+    return guard_filter

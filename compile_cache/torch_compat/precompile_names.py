@@ -1,0 +1,85 @@
+"""Names of precompile entries, and the function (code object, module namespace) each one gets.
+
+Dynamo's on-disk id of an entry is ``sha256(fn.__qualname__ + first line)`` of the compiled
+function (``torch/_dynamo/package.py``, ``CompilePackage.source_id_from_fn``), and Dynamo
+installs a loaded package's globals (resume functions named by the publisher's counter) into the
+function's module. So each (store key, group, compile keywords, trampoline code) gets a function
+of its own, named by that digest, in a module namespace of its own: no two models or groups share
+an entry, and packages of different publishers never meet in one namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import threading
+import types
+from typing import Any
+
+from .precompile_pins import code_digest
+
+__all__ = ["ENTRY_FORMAT", "entry_name", "region_function"]
+
+#: In every entry name: bumped when what an entry may rely on changes (the guard filter's rules),
+#: so that entries (and recorded declines) of an older compile_cache are not used.
+ENTRY_FORMAT = 1
+
+
+def _stable(value: Any) -> Any:
+    """A process-independent form of a compile keyword (callables by module and qualname)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _stable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    if callable(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def entry_name(store_key: str, code_name: str, compile_kwargs: dict[str, Any],
+               template: types.FunctionType) -> str:
+    """A Python identifier naming one group's precompile entry by the full key: the store key
+    (model fingerprint with attributes, plan, compile keywords, environment), the group, the
+    keywords its ``torch.compile`` gets and the trampoline's code."""
+    material = json.dumps([ENTRY_FORMAT, store_key, code_name, _stable(compile_kwargs),
+                           code_digest(template.__code__)], sort_keys=True)
+    return f"{code_name}__pc_{hashlib.sha256(material.encode()).hexdigest()[:20]}"
+
+
+_NAMESPACE = "compile_cache._precompiled"
+_MODULE_ATTRIBUTES = frozenset({"__name__", "__spec__", "__loader__", "__package__", "__path__",
+                                "__file__", "__cached__"})
+_FUNCTIONS: dict[str, types.FunctionType] = {}
+_LOCK = threading.Lock()
+
+
+def region_function(template: types.FunctionType, name: str) -> types.FunctionType:
+    """A copy of ``template`` named ``name`` (``__qualname__``, code object), living in a module
+    namespace of its own (``compile_cache._precompiled.<name>``, registered in ``sys.modules``).
+
+    Dynamo names an entry from the qualname and installs a loaded package's globals into the
+    function's module: a namespace per entry keeps packages of other publishers apart.
+    """
+    with _LOCK:
+        fn = _FUNCTIONS.get(name)
+        if fn is None:
+            module_name = f"{_NAMESPACE}.{name}"
+            namespace = types.ModuleType(module_name)
+            # Not __file__: inspect.getmodule() maps the template's file to its own module (Dynamo
+            # records the module of every inlined source and imports it when it loads an entry).
+            namespace.__dict__.update(
+                (k, v) for k, v in template.__globals__.items() if k not in _MODULE_ATTRIBUTES
+            )
+            namespace.__package__ = _NAMESPACE
+            sys.modules[module_name] = namespace
+            code = template.__code__.replace(co_name=name, co_qualname=name)
+            fn = types.FunctionType(code, namespace.__dict__, name, template.__defaults__,
+                                    template.__closure__)
+            fn.__qualname__ = name
+            _FUNCTIONS[name] = fn
+        return fn

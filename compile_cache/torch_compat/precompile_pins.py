@@ -1,0 +1,141 @@
+"""The globals a precompiled region relies on without a guard: pinned, and checked.
+
+To save an entry, the guard filter drops the identity guards on globals that no guard can carry
+across processes: module-level functions and classes, torch and standard-library functions
+(``G['__import_transformers_dot_models_dot_llama_dot_modeling_llama'].apply_rotary_pos_emb``,
+``G['torch'].tanh``). The key pins their *names* (and Dynamo the source of inlined functions),
+not what a name is bound to: a monkeypatch after compiling, or another binding on another node,
+would go unnoticed. So each such dropped guard becomes a *pin*, its source expression and the
+object it named when traced:
+
+* in process, every pin of a group is compared by identity once per model forward
+  (:func:`next_forward` marks the start of one): a changed binding declines precompile for
+  that group, which compiles again with every guard (:class:`Pins`);
+* across processes, the publisher records every pin as a portable description (module,
+  qualified name and, for Python functions, a digest of the code) with the pack, and a node
+  that restores the entry checks them before loading it (:func:`verify`); where one differs,
+  the group declines precompile on that node.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import importlib
+import re
+import types
+from typing import Any
+
+__all__ = ["Pins", "code_digest", "describe", "forward_count", "next_forward", "verify"]
+
+_FORWARDS = [0]
+
+
+def next_forward() -> None:
+    """A model forward starts: each precompiled function checks its pins once before it runs."""
+    _FORWARDS[0] += 1
+
+
+def forward_count() -> int:
+    return _FORWARDS[0]
+
+
+def describe(value: Any) -> str:
+    """A description of what a global names that is the same in every process that binds the
+    same object: module, qualified name, and a digest of a Python function's code."""
+    module = getattr(value, "__module__", None) or type(value).__module__
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    code = getattr(value, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return f"{module}.{name}:{code_digest(code)}"
+    return f"{module}.{name}"
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A digest of a code object that is the same in every process (no addresses)."""
+    consts = _ADDRESS.sub("", repr(code.co_consts))
+    blob = b"\0".join([code.co_code, consts.encode(), repr(code.co_names).encode()])
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class _Globals:
+    """``G`` of Dynamo's guard sources: the compiled function's globals; the module aliases
+    Dynamo installs there (``__import_<module with _dot_>``) resolve before it has."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self.scope = scope
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.scope[key]
+        except KeyError:
+            if key.startswith("__import_"):
+                return importlib.import_module(key[len("__import_"):].replace("_dot_", "."))
+            raise
+
+
+_CODES: dict[str, types.CodeType] = {}
+_MISSING = object()
+
+
+def _evaluate(source: str, scope: dict[str, Any]) -> Any:
+    """What ``source`` names now; ``_MISSING`` when it cannot be evaluated."""
+    code = _CODES.get(source)
+    try:
+        if code is None:
+            code = _CODES[source] = compile(source, "<compile_cache pin>", "eval")
+        return eval(code, {"__builtins__": builtins, "G": _Globals(scope)})  # noqa: S307
+    except Exception:  # noqa: BLE001 - a source that no longer resolves has changed
+        return _MISSING
+
+
+def verify(described: dict[str, str], scope: dict[str, Any]) -> str | None:
+    """None when every pin a publisher recorded names the same thing here, else what differs."""
+    for source, expected in described.items():
+        value = _evaluate(source, scope)
+        found = "nothing" if value is _MISSING else describe(value)
+        if found != expected:
+            return (f"{source} is {found} here but was {expected} where the entry was "
+                    f"published (a global bound differently)")
+    return None
+
+
+class Pins:
+    """The pins of one precompiled function, checked by identity in this process."""
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self.scope = scope
+        self._objects: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def add(self, pins: dict[str, Any]) -> None:
+        """Pins seen while tracing (source -> object); the first object per source is kept."""
+        for source, value in pins.items():
+            self._objects.setdefault(source, value)
+
+    def add_current(self, sources: Any) -> None:
+        """Pins restored with an entry (verified): what they name now."""
+        for source in sources:
+            value = _evaluate(source, self.scope)
+            if value is not _MISSING:
+                self._objects.setdefault(source, value)
+
+    def changed(self) -> str | None:
+        """None while every pin names the object it named when traced, else which one moved."""
+        for source, value in self._objects.items():
+            now = _evaluate(source, self.scope)
+            if now is not value:
+                found = "nothing" if now is _MISSING else describe(now)
+                return f"{source} was rebound after compiling (now {found}, was {describe(value)})"
+        return None
+
+    def described(self) -> dict[str, str]:
+        """The portable descriptions a publisher records with the entry."""
+        return {source: describe(value) for source, value in self._objects.items()}

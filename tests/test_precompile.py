@@ -1,0 +1,344 @@
+"""Precompile that is never wrong: an adversarial suite, in the publishing process and on a
+fresh node (compile_cache.precompiled, compile_cache.torch_compat.precompile).
+
+Precompile needs Inductor, so the real cases run in two child processes (tests/_precompile_child.py):
+one that publishes into an empty store, then one on a fresh node (new TMPDIR, HOME,
+XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR) that restores from it. Every call
+is compared with eager in both; a case either matches eager with precompile, or runs without
+precompile and says so (a RegionPrecompileWarning, the report, the store's counters). The logic
+that needs no compiled artifact (guard classification, naming, scoping, other backends) is
+tested here in-process with the eager backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import compile_cache
+from compile_cache import RegionPrecompileWarning
+from compile_cache.keys import environment_digest
+from compile_cache.store import Store
+from compile_cache.torch_compat import precompile as pc
+from compile_cache.torch_compat.precompile_guards import DECLINE, DROP, KEEP, classify_guard
+
+CHILD = Path(__file__).with_name("_precompile_child.py")
+
+
+def _fresh_node(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCH_"))}
+    for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
+                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(root / sub)
+    return env
+
+
+def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(store), phase], env=_fresh_node(root),
+        capture_output=True, text=True, timeout=1500, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    cases = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("CASE ")]
+    return {c["case"]: c for c in cases}
+
+
+@pytest.fixture(scope="session")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every case on a publishing node, then on a fresh node restoring from the same store."""
+    tmp = tmp_path_factory.mktemp("precompile")
+    store = tmp / "store"
+    publish = _run_node(tmp / "node-a", store, "publish")
+    load = _run_node(tmp / "node-b", store, "load")
+    return {"publish": publish, "load": load, "store": store}
+
+
+def _groups(case: dict[str, Any]) -> list[dict[str, str]]:
+    return [g for report in case["reports"] for g in report["groups"].values()]
+
+
+EXACT = ["plain", "values", "optional", "train_eval", "requires_grad", "eps", "mutate", "gpt2",
+         "llama"]
+DECLINED = {"fnattr": "CLOSURE_MATCH on self.act", "builtinattr": "BUILTIN_MATCH on self.act",
+            "global_flag": "caching_precompile is on for the whole process"}
+
+
+@pytest.mark.parametrize("phase", ["publish", "load"])
+@pytest.mark.parametrize("name", EXACT)
+def test_case_matches_eager_with_precompile(nodes: dict[str, Any], name: str, phase: str) -> None:
+    case = nodes[phase][name]
+    assert "error" not in case, case.get("traceback")
+    assert case["diffs"] and all(d < 1e-5 for d in case["diffs"].values()), case["diffs"]
+    assert case["warnings"] == []
+    statuses = {g["status"] for g in _groups(case)}
+    assert statuses == ({"new"} if phase == "publish" else {"loaded"}), _groups(case)
+
+
+@pytest.mark.parametrize("phase", ["publish", "load"])
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_unsaveable_guards_run_without_precompile_and_say_so(
+    nodes: dict[str, Any], name: str, phase: str
+) -> None:
+    """A function or a torch builtin stored on the instance (swapped after compiling), or the
+    process-wide flag: not covered by the key, so precompile is declined, never wrong."""
+    case = nodes[phase][name]
+    assert "error" not in case, case.get("traceback")
+    assert case["diffs"]["after_swap"] < 1e-5 and case["diffs"]["before"] < 1e-5
+    (group,) = _groups(case)
+    assert group["status"] == "declined" and DECLINED[name] in group["reason"]
+    assert len(case["warnings"]) == 1 and DECLINED[name] in case["warnings"][0]
+
+
+def test_a_global_rebound_after_compiling_is_noticed(nodes: dict[str, Any]) -> None:
+    """A module-level function the blocks call, monkeypatched between two forwards: its
+    identity guard could not be saved, so it is pinned and checked once per forward; the
+    group compiles again with every guard, on the publisher and after a restore."""
+    for phase in ("publish", "load"):
+        case = nodes[phase]["rebind"]
+        assert "error" not in case, case.get("traceback")
+        assert case["diffs"]["after_rebind"] < 1e-5 and case["diffs"]["before"] < 1e-5
+        (group,) = _groups(case)
+        assert group["status"] == "declined" and "rebound after compiling" in group["reason"]
+        assert len(case["warnings"]) == 1
+    assert nodes["load"]["rebind"]["dynamo_cache_hits"] == 1  # it had loaded, then declined
+
+
+def test_a_global_bound_otherwise_on_another_node_does_not_load(nodes: dict[str, Any]) -> None:
+    """The publisher records what each pinned global named; a node where one names something
+    else compiles that group without the entry (and does not record a decline for others)."""
+    publish, load = nodes["publish"]["bound_differently"], nodes["load"]["bound_differently"]
+    assert [g["status"] for g in _groups(publish)] == ["new"]
+    (group,) = _groups(load)
+    assert group["status"] == "declined" and "bound differently" in group["reason"]
+    assert load["diffs"]["fwd"] < 1e-5 and load["dynamo_cache_hits"] == 0
+    packs = Store(nodes["store"]).load(load["reports"][0]["key"])
+    records = [p.info.metadata.get("precompile") or {} for p in packs]
+    assert records and all("pins" in r for rec in records for r in rec.values())
+
+
+def test_a_fresh_node_traces_nothing_the_store_holds(nodes: dict[str, Any]) -> None:
+    """The precompile hit skips Dynamo: no frame traced, no graph compiled, on a plain
+    repeated-block model and on every other case the publisher ran."""
+    plain = nodes["load"]["plain"]
+    assert plain["frames_traced"] == 0 and plain["dynamo_cache_hits"] == 1
+    assert plain["fxgraph_misses"] == 0
+    for name in EXACT:
+        case = nodes["load"][name]
+        assert case["frames_traced"] == 0, (name, case["frames_traced"])
+        assert case["dynamo_cache_hits"] >= 1 and case["fxgraph_misses"] == 0, name
+    assert nodes["publish"]["plain"]["frames_traced"] >= 1  # the check can fail
+
+
+def test_per_block_values_each_get_their_own_graph(nodes: dict[str, Any]) -> None:
+    """Blocks differing in a float, then an int, then a bool: each value guard is kept (one
+    trace per block when publishing), so none reuses another block's graph."""
+    assert nodes["publish"]["values"]["frames_traced"] == 4
+    assert nodes["publish"]["optional"]["frames_traced"] == 3  # x; x, mask; x, mask=mask
+    assert nodes["publish"]["train_eval"]["train_differs_from_eval"] is True
+
+
+def test_two_models_of_one_shape_never_share_an_entry(nodes: dict[str, Any]) -> None:
+    """Another LayerNorm eps: another store key, another entry name (the publisher traced
+    both models, and the fresh node loaded two entries)."""
+    publish, load = nodes["publish"]["eps"], nodes["load"]["eps"]
+    assert len({r["key"] for r in publish["reports"]}) == 2
+    assert publish["frames_traced"] == 2 and publish["dynamo_cache_hits"] == 0
+    assert load["dynamo_cache_hits"] == 2
+
+
+def test_llama_keeps_its_cache_and_layer_index(nodes: dict[str, Any]) -> None:
+    for phase in ("publish", "load"):
+        assert nodes[phase]["llama"]["has_cache"] is True
+
+
+def test_the_unique_id_collision_crashes_without_the_fix(nodes: dict[str, Any]) -> None:
+    """torch 2.13: a restored package installs ``__builtins_dict___0``; a fresh process's next
+    trace picks that name too. Without compile_cache's fix that crashes; with it, it is exact."""
+    unfixed = nodes["load"]["unique_ids_unfixed"]
+    assert "already exists in scope" in unfixed.get("error", ""), unfixed
+    fixed = nodes["load"]["unique_ids"]
+    assert "error" not in fixed, fixed.get("traceback")
+    assert fixed["diffs"]["x3d"] < 1e-5 and fixed["frames_traced"] == 1
+
+
+def test_a_changed_entry_is_published_again(nodes: dict[str, Any]) -> None:
+    """The fresh node traced a new input rank into a restored entry: the entry (same member
+    name, new content) goes into a new pack, so the next start does not trace it again."""
+    fixed = nodes["load"]["unique_ids"]
+    (report,) = fixed["reports"]
+    assert report["published_packs"] == 1
+    store = Store(nodes["store"])
+    packs = store.load(report["key"])
+    entries = [[n for n in p.members if n.startswith("inductor/dynamo/")] for p in packs]
+    assert len(packs) == 2 and all(len(e) == 1 for e in entries)
+    assert entries[0] == entries[1]  # one name
+    assert packs[0].members[entries[0][0]] != packs[1].members[entries[1][0]]
+    plain = store.load(nodes["load"]["plain"]["reports"][0]["key"])
+    assert len(plain) == 1  # a start that traced nothing published nothing
+
+
+def test_declines_are_remembered_and_counted(nodes: dict[str, Any]) -> None:
+    """A decline found while tracing is recorded with the pack: the fresh node declines at once
+    (no second trace under precompile) and the store's stats count hits and declines."""
+    load = nodes["load"]["fnattr"]
+    (group,) = _groups(load)
+    assert "recorded in the store" in group["reason"]
+    assert load["reports"][0]["published_packs"] == 0
+    stats = Store(nodes["store"]).stats()
+    hits = sum(1 for name in EXACT for g in _groups(nodes["load"][name]) if g["status"] == "loaded")
+    declined = sum(1 for phase in ("publish", "load") for case in nodes[phase].values()
+                   for g in _groups(case) if g["status"] == "declined")
+    assert stats["precompile_hits"] >= hits > 0
+    assert stats["precompile_declined"] == declined >= 2 * len(DECLINED)
+    assert stats["precompile_load_errors"] == 0
+
+
+def test_the_flag_stays_scoped_to_our_compiles(nodes: dict[str, Any]) -> None:
+    """After every precompile compile and call: caching_precompile is off, the environment key
+    is the one a fresh process computes, and the user's own torch.compile still guards on the
+    function it is given."""
+    for phase in ("publish", "load"):
+        scope = nodes[phase]["scope"]
+        assert scope["caching_precompile"] is False
+        assert scope["force_non_lazy_backward_lowering"] is False
+        assert scope["environment_unchanged"] is True
+        assert scope["diffs"]["user_sigmoid"] < 1e-6
+
+
+# ----------------------------------------------------------------- in process, no Inductor
+
+
+class _Block(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Block(1.0), _Block(2.0)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.usefixtures("fresh_state", "dynamo_reset")
+def test_another_backend_declines_with_a_reason(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = _Net().eval(), torch.randn(2, 8)
+    with torch.no_grad():
+        ref = model(x)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_cache.compile_regions(model, cache_dir=tmp_path / "s", precompile=True,
+                                      backend="eager")
+        with torch.no_grad():
+            out = model(x)
+    torch.testing.assert_close(out, ref)
+    ours = [w for w in record if issubclass(w.category, RegionPrecompileWarning)]
+    assert len(ours) == 1 and "backend 'eager'" in str(ours[0].message)
+    assert Path(ours[0].filename).resolve() == Path(__file__).resolve()  # the user's line
+    report = compile_cache.last_report()
+    (group,) = report.precompile_groups.values()
+    assert group["status"] == "declined" and report.precompile_declined == 1
+    assert Store(tmp_path / "s").stats()["precompile_declined"] == 1
+    import torch._dynamo.config as dynamo_config
+
+    assert dynamo_config.caching_precompile is False
+
+
+def test_entry_names_follow_the_full_key() -> None:
+    from compile_cache import regions
+
+    template = regions._trampoline
+    base = pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, template)
+    assert base.isidentifier() and base.startswith("region_X_abc__pc_")
+    assert base == pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, template)
+    others = {
+        pc.entry_name("j" * 32, "region_X_abc", {"backend": "inductor"}, template),
+        pc.entry_name("k" * 32, "region_Y_abc", {"backend": "inductor"}, template),
+        pc.entry_name("k" * 32, "region_X_abc", {"mode": "max-autotune"}, template),
+        pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, _Net.forward),
+    }
+    assert base not in others and len(others) == 4
+    fn = pc.region_function(template, base)
+    assert fn.__qualname__ == fn.__code__.co_name == base
+    assert fn.__module__ == f"compile_cache._precompiled.{base}"
+    assert sys.modules[fn.__module__].__dict__ is fn.__globals__
+    assert fn.__globals__ is not template.__globals__  # its own namespace for installed globals
+    assert pc.region_function(template, base) is fn
+
+
+class _Entry:
+    """A stand-in for torch's GuardFilterEntry."""
+
+    def __init__(self, guard_type: str, name: str, value: Any, *, is_global: bool = False,
+                 derived: tuple[str, ...] = ()) -> None:
+        self.guard_type, self.name, self.value = guard_type, name, value
+        self.has_value, self.is_global = True, is_global
+        self.derived_guard_types, self.orig_guard = derived, None
+
+
+def _my_function(x: Any) -> Any:
+    return x
+
+
+@pytest.mark.parametrize(("entry", "action"), [
+    (_Entry("CONSTANT_MATCH", "L['self'].scale", 2.0), KEEP),
+    (_Entry("EQUALS_MATCH", "L['self'].shift", 3), KEEP),
+    (_Entry("CONSTANT_MATCH", "L['self']._modules['drop'].training", True), KEEP),
+    (_Entry("SEQUENCE_LENGTH", "L['args']", (1,)), KEEP),
+    (_Entry("DICT_KEYS_MATCH", "L['kwargs']", {}), KEEP),
+    (_Entry("TYPE_MATCH", "L['self']", _Block(1.0)), KEEP),
+    (_Entry("TENSOR_MATCH", "L['args'][0]", torch.ones(1)), KEEP),
+    (_Entry("MODULE_MATCH", "G['torch']", torch, is_global=True, derived=("ID_MATCH",)), DROP),
+    (_Entry("BUILTIN_MATCH", "G['torch'].tanh", torch.tanh, is_global=True,
+            derived=("ID_MATCH",)), DROP),
+    (_Entry("CLOSURE_MATCH", "G['_my_function']", _my_function, is_global=True), DROP),
+    (_Entry("ID_MATCH", "L['self']._modules['lin']", nn.Linear(1, 1)), DROP),
+    (_Entry("CLOSURE_MATCH", "type(L['self']).forward", _Block.forward), DROP),
+    (_Entry("CLOSURE_MATCH", "L['self'].act", _my_function), DECLINE),
+    (_Entry("BUILTIN_MATCH", "L['self'].act", torch.tanh, derived=("ID_MATCH",)), DECLINE),
+    (_Entry("ID_MATCH", "G['CONFIG']", object(), is_global=True), DECLINE),
+    (_Entry("NN_MODULE", "L['self']._modules['lin']", nn.Linear(1, 1)), DECLINE),
+], ids=lambda v: v if isinstance(v, str) else f"{v.guard_type}:{v.name}")
+def test_the_filter_keeps_values_drops_what_the_key_pins_and_declines_the_rest(
+    entry: _Entry, action: str
+) -> None:
+    assert classify_guard(entry).action == action
+
+
+def test_keep_portable_guards_would_drop_what_we_keep() -> None:
+    """The filter torch offers drops the value guards the adversarial cases depend on."""
+    kept = [_Entry("CONSTANT_MATCH", "L['self'].scale", 2.0),
+            _Entry("SEQUENCE_LENGTH", "L['args']", (1,))]
+    assert torch.compiler.keep_portable_guards_unsafe(kept) == [False, False]
+    assert [classify_guard(e).action for e in kept] == [KEEP, KEEP]
+
+
+def test_the_process_wide_flag_would_change_the_environment_key() -> None:
+    """Why the flag is only set around our own compiles and calls (checked in the children:
+    ``scope``): set process-wide it changes the key a fresh process computes."""
+    import torch._dynamo.config as dynamo_config
+
+    before = environment_digest()
+    with dynamo_config.patch(caching_precompile=True):
+        assert environment_digest() != before  # the flag is in the key when set process-wide
+    assert environment_digest() == before
