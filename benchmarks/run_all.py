@@ -353,7 +353,7 @@ def section_cold_start(data: dict) -> str:
 {_cold_table(data)}
 
 Goal ratios (TTFO): compile_cache new node ≤ 1.2× torch warm and ≤ 0.25× cold; precompile ≤
-0.6× warm.
+0.5× warm.
 
 {_ratio_table(data)}
 

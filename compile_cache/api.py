@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import _warnings, config, prefetch, regions, warmup
 from . import distributed as _distributed
-from . import prefetch, regions, warmup
 from .errors import ConfigError
 from .keys import entry_key
 from .plan import check_module, plan_regions
@@ -115,6 +115,9 @@ def compile_regions(
     use_precompile = False
     if not plan.disabled:
         use_precompile = precompile_requested(precompile) and cache_dir is not False
+        if precompile and cache_dir is False:
+            _warnings.warn("compile_cache: precompile=True needs a store (cache_dir=False): "
+                           "compiling without precompile", regions.RegionPrecompileWarning)
         if cache_dir is not False:
             # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled
             # entries when torch.compile wraps a function)
@@ -128,13 +131,14 @@ def compile_regions(
     # 6. install (with precompile: one precompiled function per group, named by the key)
     setup = None
     if use_precompile and session is not None and precompile_available():
-        setup = regions.PrecompileSetup(session.key, session.precompile_event,
-                                        session.precompile_records)
+        setup = regions.PrecompileSetup(
+            session.key, session.precompiled.event, session.precompiled.records,
+            explicit=precompile is not None or config.PRECOMPILE.raw() is not None)
     precompiled = regions.install(model, plan, precompile=setup)
     # 7. attach
     if session is not None:
         session.attach(model)
-        session.track_precompiled(precompiled)
+        session.precompiled.track(precompiled)
         regions.observe_calls(model, session.after_forward)
     # 8. coordinate
     if example_inputs is not None:

@@ -192,9 +192,10 @@ BACKEND = _register(Variable(
     "'native' or 'python'", _choice(("native", "python")),
 ))
 #: Whether ``compile_regions(precompile=None)`` uses precompile when ``COMPILE_CACHE_PRECOMPILE``
-#: is unset: the one place the default is decided. Off until a fresh node gains from it: on
-#: today's fresh node Inductor's precompiled header build hides what skipping Dynamo's trace
-#: saves (benchmarks/RESULTS.md, "precompile"); precompile itself is correct either way.
+#: is unset: the one place the default is decided. Off until a fresh node gains from it
+#: measurably: there Inductor's precompiled-header build hides the ~1 s that skipping Dynamo's
+#: trace saves (bench_cold_start.py, "cc precompile" against "cc node"). Precompile is correct
+#: either way (tests/test_precompile.py).
 PRECOMPILE_DEFAULT = False
 
 PRECOMPILE = _register(Variable(

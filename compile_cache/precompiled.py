@@ -18,6 +18,7 @@ store's ``stats`` and in ``last_report().precompile_groups``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import types
 from collections.abc import Callable
@@ -25,14 +26,17 @@ from typing import Any
 
 from torch import nn
 
-from . import _warnings
+from . import _warnings, artifacts
 from .torch_compat import precompile as pc
+
+logger = logging.getLogger("compile_cache")
 
 __all__ = [
     "BoundCall",
     "GroupPrecompiler",
     "PrecompileEvent",
     "PrecompileSetup",
+    "PrecompileTracker",
     "RegionPrecompileWarning",
     "isolate_from_global_flag",
 ]
@@ -70,6 +74,10 @@ class PrecompileSetup:
     store_key: str
     on_event: Callable[[PrecompileEvent], None] | None = None
     records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Asked for (argument or COMPILE_CACHE_PRECOMPILE), not only the default: then a group
+    #: that declines before compiling (another backend, your guard filter) is warned about;
+    #: otherwise it is logged and counted (precompile does not apply to it).
+    explicit: bool = True
 
 
 class BoundCall:
@@ -123,18 +131,19 @@ class GroupPrecompiler:
                 declined = _declined_up_front(compile_kwargs)
                 if declined is None and isinstance(record.get("declined"), str):
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
-                pins = record.get("pins") if isinstance(record.get("pins"), dict) else None
                 fn = pc.region_function(self.template, name)
-                pf = _FUNCTIONS[name] = pc.PrecompiledFunction(fn, compile_kwargs,
-                                                               declined=declined, pins=pins)
+                pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
+                    fn, compile_kwargs, declined=declined, pins=_pins_of(record))
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
         status, detail = pf.status, pf.declined or ""
         if pf.load_error and status != "failed":
             self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
         self._event(PrecompileEvent(code_name, label, name, status, detail))
-        if status in ("declined", "failed"):
+        if status == "failed" or (status == "declined" and self.setup.explicit):
             self._declines.setdefault(detail, []).append(label)
+        elif status == "declined":
+            logger.info("compile_cache: precompile is off for %s: %s", label, detail)
         return pf
 
     def finish(self) -> None:
@@ -159,6 +168,90 @@ class GroupPrecompiler:
     def _event(self, event: PrecompileEvent) -> None:
         if self.setup.on_event is not None:
             self.setup.on_event(event)
+
+
+class PrecompileTracker:
+    """A store session's precompile side: what the store records of each entry, the groups'
+    precompiled functions, their outcomes in the report and the store's counters.
+
+    Records (entry name -> ``{"declined": why}``: an earlier start found its guards cannot be
+    saved faithfully; ``{"pins": {source: description}}``: the globals it relies on, as its
+    publisher bound them) travel in the packs' metadata: the newest record of an entry wins, as
+    its bytes do.
+    """
+
+    METADATA = "precompile_entries"
+
+    def __init__(self, report: Any, store: Any) -> None:
+        self.report = report
+        self.store = store
+        self.records: dict[str, dict[str, Any]] = {}
+        self.functions: dict[str, pc.PrecompiledFunction] = {}  # code name -> function
+        self._new: dict[str, dict[str, Any]] = {}  # found here: into the next publish
+
+    def restored(self, metadata: list[dict[str, Any]]) -> None:
+        """The metadata of the packs a restore applied, oldest first. An entry that appeared
+        since the groups compiled (another rank published it) loads now."""
+        for meta in metadata:
+            records = meta.get(self.METADATA)
+            if isinstance(records, dict):
+                self.records.update((k, v) for k, v in records.items() if isinstance(v, dict))
+        for code_name, pf in self.functions.items():
+            if not pf.reload(_pins_of(self.records.get(pf.fn.__qualname__))):
+                continue
+            group = self.report.precompile_groups.setdefault(code_name, {"label": code_name})
+            group.update(status=pf.status, reason=pf.declined or "")
+            self._count(pf.status)
+            if pf.declined:
+                _warnings.warn(f"compile_cache: precompile is off for {group['label']}: "
+                               f"{pf.declined}. Compiled normally instead.", RegionPrecompileWarning)
+
+    def track(self, functions: dict[str, pc.PrecompiledFunction]) -> None:
+        """The groups' precompiled functions (code name -> function), to save and reload."""
+        self.functions.update(functions)
+
+    def save_changed(self, on_error: Callable[[str, str], None]) -> dict[str, dict[str, bytes]]:
+        """Saves each group's entry that holds something new: group -> members to publish."""
+        out: dict[str, dict[str, bytes]] = {}
+        for code_name, pf in self.functions.items():
+            try:
+                written, why = pf.save()
+            except Exception as exc:  # noqa: BLE001 - torch's pickling can raise anything
+                on_error("precompile", f"saving the entry of {code_name}: {exc}")
+                continue
+            if written:
+                out[code_name] = artifacts.read_members([pf.entry_path()])
+                self._new[pf.fn.__qualname__] = {"pins": pf.pins.described()}
+        return out
+
+    def metadata(self) -> dict[str, Any]:
+        """What a publish adds to its pack's metadata."""
+        return {self.METADATA: dict(self._new)} if self._new else {}
+
+    def event(self, event: PrecompileEvent) -> None:
+        """A group's outcome: into the report and the counters (warned by GroupPrecompiler)."""
+        if event.status != "load_error":
+            self.report.precompile_groups[event.code_name] = {
+                "label": event.label, "status": event.status, "reason": event.detail}
+        if event.persist:
+            self._new[event.entry] = {"declined": event.detail}
+        self._count(event.status)
+
+    def _count(self, status: str) -> None:
+        if status == "loaded":
+            self.report.precompile_hits += 1
+            self.store.record_precompile(hits=1)
+        elif status == "declined":
+            self.report.precompile_declined += 1
+            self.store.record_precompile(declined=1)
+        elif status in ("failed", "load_error"):
+            self.report.precompile_load_errors += 1
+            self.store.record_precompile(load_errors=1)
+
+
+def _pins_of(record: dict[str, Any] | None) -> dict[str, str] | None:
+    pins = (record or {}).get("pins")
+    return pins if isinstance(pins, dict) else None
 
 
 _warned_global_flag = False

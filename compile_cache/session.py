@@ -31,6 +31,7 @@ from torch import nn
 from . import _warnings, artifacts, config, torch_compat
 from ._sizes import format_size
 from .errors import CompileCacheError, UnsafeStoreError
+from .precompiled import PrecompileTracker
 from .store import EntryInfo, Store
 from .torch_compat import dynamo, isa
 
@@ -160,12 +161,9 @@ class CacheSession:
         self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.Lock()
         self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
-        self._precompiled: dict[str, Any] = {}  # code name -> PrecompiledFunction (to save)
         self._extra: dict[str, dict[str, bytes]] = {}  # group -> members the next publish adds
-        # precompile entry name -> {"declined": why} or {"pins": {source: description}}: from
-        # the restored packs' metadata, and what this process found (into the next publish's)
-        self._precompile_records: dict[str, dict[str, Any]] = {}
-        self._new_records: dict[str, dict[str, Any]] = {}
+        #: With precompile: the groups' precompiled functions, saved after forwards that traced.
+        self.precompiled = PrecompileTracker(self.report, store)
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -198,11 +196,7 @@ class CacheSession:
                 answers.update((k, v) for k, v in published.items() if isinstance(v, bool))
         if self.report.restored_packs and answers:
             artifacts.trust_restored_isa_answers(answers)
-        for pack in packs:  # oldest first: the newest record of an entry wins, as its bytes do
-            records = pack.info.metadata.get("precompile")
-            if isinstance(records, dict):
-                self._precompile_records.update(
-                    (k, v) for k, v in records.items() if isinstance(v, dict))
+        self.precompiled.restored([pack.info.metadata for pack in packs])
         if count and self.report.restored_packs:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
         elif count:
@@ -225,67 +219,20 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if self._inductor:
                 dynamo.check_counters(diff)
-            if diff.graphs and self._precompiled:
-                self._save_precompiled()
+            if diff.graphs:  # something traced: a precompiled group's entry may have changed
+                for group, members in self.precompiled.save_changed(self._error).items():
+                    self.add_extra_members(group, members)
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0 and not self._extra:
                 return
             self._publish(self._capture or artifacts.Capture(), seconds)
             self._capture = artifacts.Capture()
 
-    # -- precompile --------------------------------------------------------------------------
-    def track_precompiled(self, functions: dict[str, Any]) -> None:
-        """The groups' precompiled functions (code name -> ``PrecompiledFunction``): after a
-        forward that traced, each one whose package holds something new is saved and its
-        entry goes into the next publish."""
-        self._precompiled.update(functions)
-
-    def _save_precompiled(self) -> None:
-        for code_name, pf in self._precompiled.items():
-            try:
-                written, why = pf.save()
-            except Exception as exc:  # noqa: BLE001 - torch's pickling can raise anything
-                self._error("precompile", f"saving the entry of {code_name}: {exc}")
-                continue
-            logger.debug("compile_cache: precompile entry of %s: %s", code_name, why)
-            if written:
-                self.add_extra_members(code_name, artifacts.read_members([pf.entry_path()]))
-                self._new_records[pf.fn.__qualname__] = {"pins": pf.pins.described()}
-
+    # -- extra members ----------------------------------------------------------------------
     def add_extra_members(self, group: str, members: dict[str, bytes]) -> None:
         """Members the next publish includes for ``group`` even when the key's packs hold the
         same names (a group's Dynamo entry keeps its name when it changes: only new content
         makes the caller add it)."""
         self._extra.setdefault(group, {}).update(members)
-
-    @property
-    def precompile_records(self) -> dict[str, dict[str, Any]]:
-        """What the restored packs say of each precompile entry (entry name -> ``{"declined":
-        why}`` when an earlier start found its guards cannot be saved faithfully, ``{"pins":
-        {source: description}}``: the globals it relies on, as its publisher bound them)."""
-        return dict(self._precompile_records)
-
-    def precompile_event(self, event: Any) -> None:
-        """A group's precompile outcome (a ``compile_cache.precompiled.PrecompileEvent``): into
-        the report and the store's counters (warned by the caller); a decline found while
-        tracing goes into the next publish's metadata."""
-        report, status = self.report, event.status
-        if status == "load_error":
-            report.precompile_load_errors += 1
-            self.store.record_precompile(load_errors=1)
-            return
-        report.precompile_groups[event.code_name] = {
-            "label": event.label, "status": status, "reason": event.detail}
-        if event.persist:
-            self._new_records[event.entry] = {"declined": event.detail}
-        if status == "loaded":
-            report.precompile_hits += 1
-            self.store.record_precompile(hits=1)
-        elif status == "declined":
-            report.precompile_declined += 1
-            self.store.record_precompile(declined=1)
-        elif status == "failed":
-            report.precompile_load_errors += 1
-            self.store.record_precompile(load_errors=1)
 
     def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
         try:
@@ -317,7 +264,7 @@ class CacheSession:
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
                 "isa_probe": artifacts.isa_probe_answers(),
-                **({"precompile": dict(self._new_records)} if self._new_records else {}),
+                **self.precompiled.metadata(),
                 **self._tags,
             },
             entry_info=self._entry_info,

@@ -137,6 +137,32 @@ def case_plain() -> None:
             c.check("fwd2", model(X), ref(X))
 
 
+def case_late_restore() -> None:
+    """A distributed follower: its groups compiled before the leader published; the restore
+    that follows must load the leader's entries (not trace and publish its own)."""
+    import os
+
+    from compile_cache.session import session_for
+    from compile_cache.store import Store
+
+    with Case("late_restore") as c:
+        model = seeded(lambda: m.Stack([m.LateBlock(2.0) for _ in range(2)]))
+        ref = copy.deepcopy(model)
+        if not LOAD:
+            c.compile(model)
+        else:
+            own = os.path.join(os.path.dirname(STORE), "late-store")
+            compile_cache.compile_regions(model, cache_dir=own, precompile=True)
+            report = compile_cache.last_report()
+            for pack in Store(STORE).load(report.key):  # the leader's publish arrives
+                Store(own).publish(report.key, pack.members,
+                                   metadata=pack.header.get("metadata"))
+            session_for(model).restore(count=False)
+            c._reports = [report]
+        with torch.no_grad():
+            c.check("fwd", model(X), ref(X))
+
+
 def case_values() -> None:
     """Block by block, one attribute kind differs: float, then int, then bool."""
     with Case("values") as c:
@@ -350,7 +376,7 @@ def case_scope() -> None:
         c.check("user_sigmoid", compiled(X, torch.sigmoid), user_f(X, torch.sigmoid))
 
 
-CASES = ["unique_ids_unfixed", "unique_ids", "plain", "values", "optional", "train_eval",
+CASES = ["unique_ids_unfixed", "unique_ids", "plain", "late_restore", "values", "optional", "train_eval",
          "requires_grad", "eps", "mutate", "fnattr", "builtinattr", "global_flag", "rebind",
          "bound_differently", "gpt2", "llama", "scope"]
 

@@ -48,6 +48,10 @@ class ShapeBlockFixed(ScaleBlock):
     """The same, with compile_cache's unique-id fix on."""
 
 
+class LateBlock(ScaleBlock):
+    """Its entry reaches the store only after the loading node compiled (another rank)."""
+
+
 class PlainBlock(nn.Module):
     """Identical blocks, nothing per block: a precompile hit must trace nothing."""
 

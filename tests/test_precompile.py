@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from torch import nn
 import compile_cache
 from compile_cache import RegionPrecompileWarning
 from compile_cache.keys import environment_digest
+from compile_cache.precompiled import PrecompileTracker
 from compile_cache.store import Store
 from compile_cache.torch_compat import precompile as pc
 from compile_cache.torch_compat.precompile_guards import DECLINE, DROP, KEEP, classify_guard
@@ -122,8 +124,18 @@ def test_a_global_bound_otherwise_on_another_node_does_not_load(nodes: dict[str,
     assert group["status"] == "declined" and "bound differently" in group["reason"]
     assert load["diffs"]["fwd"] < 1e-5 and load["dynamo_cache_hits"] == 0
     packs = Store(nodes["store"]).load(load["reports"][0]["key"])
-    records = [p.info.metadata.get("precompile") or {} for p in packs]
-    assert records and all("pins" in r for rec in records for r in rec.values())
+    records = [p.info.metadata.get(PrecompileTracker.METADATA) for p in packs]
+    assert records[0] and all("pins" in r for rec in records if rec for r in rec.values())
+
+
+def test_a_late_restore_loads_the_entries_another_rank_published(nodes: dict[str, Any]) -> None:
+    """A distributed follower compiles its groups before the leader publishes, then restores:
+    the groups load the leader's entries then, instead of tracing and publishing their own."""
+    case = nodes["load"]["late_restore"]
+    assert "error" not in case, case.get("traceback")
+    assert case["diffs"]["fwd"] < 1e-5
+    assert [g["status"] for g in _groups(case)] == ["loaded"]
+    assert case["frames_traced"] == 0 and case["reports"][0]["published_packs"] == 0
 
 
 def test_a_fresh_node_traces_nothing_the_store_holds(nodes: dict[str, Any]) -> None:
@@ -264,6 +276,35 @@ def test_another_backend_declines_with_a_reason(tmp_path: Path) -> None:
     assert dynamo_config.caching_precompile is False
 
 
+@pytest.mark.usefixtures("fresh_state", "dynamo_reset")
+def test_precompile_by_default_stays_quiet_where_it_does_not_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default flipped on, an eager-backend user is not warned (precompile does not
+    apply to that backend), but the group is still counted as declined."""
+    import dataclasses
+
+    from compile_cache import config
+
+    monkeypatch.delenv("COMPILE_CACHE_PRECOMPILE", raising=False)
+    monkeypatch.setattr(config, "PRECOMPILE", dataclasses.replace(config.PRECOMPILE, default=True))
+    model, x = _Net().eval(), torch.randn(2, 8)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_cache.compile_regions(model, cache_dir=tmp_path / "s", backend="eager")
+        with torch.no_grad():
+            model(x)
+    assert not [w for w in record if issubclass(w.category, RegionPrecompileWarning)]
+    assert compile_cache.last_report().precompile_declined == 1
+
+
+@pytest.mark.usefixtures("fresh_state", "dynamo_reset")
+def test_precompile_without_a_store_says_so() -> None:
+    model = _Net().eval()
+    with pytest.warns(RegionPrecompileWarning, match="needs a store"):
+        compile_cache.compile_regions(model, cache_dir=False, precompile=True, backend="eager")
+
+
 def test_entry_names_follow_the_full_key() -> None:
     from compile_cache import regions
 
@@ -342,3 +383,27 @@ def test_the_process_wide_flag_would_change_the_environment_key() -> None:
     with dynamo_config.patch(caching_precompile=True):
         assert environment_digest() != before  # the flag is in the key when set process-wide
     assert environment_digest() == before
+
+
+def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> None:
+    import functools
+
+    from compile_cache.torch_compat import precompile_pins
+
+    holder = types.ModuleType("pin_holder")
+    holder.act = torch.tanh
+    scope = {"holder": holder}
+    pins = precompile_pins.Pins(scope)
+    pins.add({"G['holder'].act": torch.tanh, "G['__import_functools'].lru_cache": functools.lru_cache})
+    assert pins.changed() is None
+    described = pins.described()
+    assert precompile_pins.verify(described, scope) is None
+    holder.act = torch.sigmoid
+    assert "G['holder'].act was rebound" in pins.changed()
+    assert "bound differently" in precompile_pins.verify(described, scope)
+    # lru_cache's code holds nested code objects: no address may reach the description
+    code = ("from compile_cache.torch_compat.precompile_pins import describe; import functools; "
+            "print(describe(functools.lru_cache))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": "7"})
+    assert other.stdout.strip() == described["G['__import_functools'].lru_cache"]

@@ -194,7 +194,6 @@ class PrecompiledFunction:
 
     def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
                  declined: str | None = None, pins: dict[str, str] | None = None) -> None:
-        import torch
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         from torch._dynamo.package import CompilePackage
@@ -223,11 +222,21 @@ class PrecompiledFunction:
             declined = ("torch._dynamo.config.caching_precompile is on for the whole process "
                         "(TORCH_CACHING_PRECOMPILE=1); its forced drop of identity guards is not "
                         "safe for compile_cache's regions")
-        if declined is None:
-            declined = self._check_entry_before_loading(pins)
         if declined is not None:
             self._decline(declined)
             return
+        self._compile(pins)
+
+    def _compile(self, pins: dict[str, str] | None) -> None:
+        """``torch.compile`` with precompile: loads the entry on disk, if any and trusted."""
+        import torch
+        import torch._dynamo.config as dynamo_config
+
+        declined = self._check_entry_before_loading(pins)
+        if declined is not None:
+            self._decline(declined)
+            return
+        fn = self.fn
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
         options["guard_filter_fn"] = make_guard_filter(self.report)
@@ -256,6 +265,22 @@ class PrecompiledFunction:
             # What the entry on disk holds: a save that adds nothing is skipped (pickling the
             # same package again gives other bytes, which would republish at every start).
             self._saved_digest = self.content_digest()
+
+    def reload(self, pins: dict[str, str] | None) -> bool:
+        """Loads an entry that appeared on disk after this function compiled (another rank
+        published it meanwhile), when nothing has been traced, loaded or declined yet. True
+        when it tried (``status`` says how it went)."""
+        from torch._dynamo.package import DynamoCache
+
+        with self._lock:
+            if self.declined is not None or self.loaded or self.package is None:
+                return False
+            if any(c.guarded_codes for c in self.package._codes.values()):
+                return False
+            if not os.path.exists(os.path.join(DynamoCache.path_prefix(), self.source_id, "entry")):
+                return False
+            self._compile(pins)
+            return True
 
     def _check_entry_before_loading(self, pins: dict[str, str] | None) -> str | None:
         """An entry on disk loads only with the publisher's record of its pins, all of them
