@@ -27,6 +27,7 @@ __all__ = [
     "DIR",
     "DISTRIBUTED",
     "LOCK",
+    "LOCK_STALE",
     "LOCK_TIMEOUT",
     "MAX_SIZE",
     "PRECOMPILE",
@@ -219,6 +220,12 @@ WAIT_TIMEOUT = _register(Variable(
 LOCK_TIMEOUT = _register(Variable(
     "COMPILE_CACHE_LOCK_TIMEOUT", "seconds", 300.0,
     "seconds the compiling rank waits for the store's lock of its key",
+    "a positive number of seconds", _seconds,
+))
+LOCK_STALE = _register(Variable(
+    "COMPILE_CACHE_LOCK_STALE", "seconds", 120.0,
+    "seconds without a heartbeat after which a lock is stale and waiters break it (its holder "
+    "refreshes it every tenth of that, at least every second, while it compiles)",
     "a positive number of seconds", _seconds,
 ))
 

@@ -9,8 +9,8 @@ neither the disk layout (``compile_cache.store``) nor torch's cache internals
 
 The distributed warm-up works through the session's public methods: :attr:`CacheSession.entry_info`,
 :meth:`~CacheSession.tagged` (metadata for the packs it publishes), :meth:`~CacheSession.lock`,
-:meth:`~CacheSession.entry`, :meth:`~CacheSession.packs_to_send` and
-:meth:`~CacheSession.publish_received`.
+:meth:`~CacheSession.entry` and :attr:`~CacheSession.store` (broadcast mode reads and publishes
+the packs it sends and receives there).
 """
 
 from __future__ import annotations
@@ -293,45 +293,14 @@ class CacheSession:
         finally:
             self._tags = previous
 
-    def lock(self, timeout: float | None) -> Any:
+    def lock(self, timeout: float | None, wait_alive: float | None = None) -> Any:
         """The store's lock of this key (only avoids duplicate compiles; never needed for
-        correctness)."""
-        return self.store.lock(self.key, timeout=timeout)
+        correctness); ``wait_alive``: wait past ``timeout`` while its holder's heartbeat is fresh."""
+        return self.store.lock(self.key, timeout=timeout, wait_alive=wait_alive)
 
     def entry(self) -> EntryInfo | None:
         """The key's entry in the store now (its packs' names and metadata), or None."""
         return self.store.entry(self.key)
-
-    def packs_to_send(self, receiver_packs: list[set[str]]) -> list[dict[str, Any]]:
-        """The key's packs that at least one receiver lacks (``receiver_packs``: the pack names
-        each receiver holds), as plain data for ``broadcast_object_list``."""
-        out = []
-        for pack in self.store.load(self.key):
-            if receiver_packs and all(pack.info.name in have for have in receiver_packs):
-                continue
-            out.append(
-                {
-                    "members": pack.members,
-                    "metadata": dict(pack.header.get("metadata") or {}),
-                    "compile_seconds": pack.info.compile_seconds,
-                }
-            )
-        logger.info("compile_cache: broadcasting %d pack(s) of %s", len(out), self.key[:12])
-        return out
-
-    def publish_received(self, packs: list[dict[str, Any]]) -> int:
-        """Publish packs another rank sent (``packs_to_send``'s form) into this store; how many."""
-        count = 0
-        for pack in packs:
-            self.store.publish(
-                self.key,
-                pack["members"],
-                metadata=pack.get("metadata"),
-                entry_info=self._entry_info,
-                compile_seconds=float(pack.get("compile_seconds") or 0.0),
-            )
-            count += 1
-        return count
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:

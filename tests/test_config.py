@@ -31,6 +31,7 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_BROADCAST_SCOPE": ("node", "node", "host"),
     "COMPILE_CACHE_WAIT_TIMEOUT": ("2.5", 2.5, "-1"),
     "COMPILE_CACHE_LOCK_TIMEOUT": ("10", 10.0, "soon"),
+    "COMPILE_CACHE_LOCK_STALE": ("30", 30.0, "0"),
 }
 
 

@@ -91,9 +91,20 @@ class FcntlLock(BaseLock):
             self.base, timeout=self.timeout, stale_after=self.stale_after,
             poll_interval=self.poll_interval, wait_log_interval=self.wait_log_interval,
             dir_mode=self.dir_mode, file_mode=self.file_mode, reason=reason,
+            wait_alive=self.wait_alive,
         )
         self.mode, self.reason = "mkdir", reason
         return self._fallback._try_once()
+
+    def _refresh(self) -> bool:
+        if self._fallback is not None:
+            return self._fallback._refresh()
+        if self._fd is None:
+            return True
+        record = self._new_holder()
+        os.pwrite(self._fd, record, 0)  # overwrite in place: a reader never sees an empty record
+        os.ftruncate(self._fd, len(record))
+        return True
 
     def _release_on_disk(self) -> None:
         if self._fallback is not None:

@@ -34,7 +34,8 @@ def is_lock_leftover(name: str) -> bool:
 
 
 def is_stale(lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER) -> bool:
-    """Whether a lock left on disk is stale: its holder is dead on this host, or it is too old.
+    """Whether a lock left on disk is stale: its heartbeat is older than ``stale_after``, or its
+    holder is dead in this pid namespace (a pid of another host or container says nothing).
 
     For a ``.lockdir`` (mkdir lock) this is the breaking rule. For a ``.lock`` file (fcntl/flock)
     the kernel already released it if the holder died, so it is stale (removable garbage) when

@@ -28,6 +28,7 @@ from .._paths import HOSTNAME, check_key, check_member_name
 from ..errors import CorruptPackError, StoreError, UnsafePathError
 from ._io import json_bytes, key_list, read_json_file, read_nofollow
 from .layout import PACK_RE
+from .maintenance import recount_size
 from .pack import FORMAT_VERSION, IncompatiblePackError, content_hash, decode_pack
 from .records import ImportReport
 
@@ -115,6 +116,8 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
                 _import_member(store, member.name, kind, data, report)
     except tarfile.TarError as exc:
         raise CorruptPackError(f"{path} is not a readable tar archive: {exc}") from exc
+    if report.packs_added:
+        recount_size(store)  # what an import adds is counted by one walk
     return report
 
 

@@ -26,7 +26,7 @@ from .. import config
 from .._paths import HOSTNAME, atomic_write, check_key, check_member_name
 from .._sizes import parse_age, parse_size
 from ..errors import CorruptPackError, StoreError
-from ..locks import DEFAULT_STALE_AFTER, BaseLock, lock_mode_for, make_lock
+from ..locks import BaseLock, lock_mode_for, make_lock
 from . import archive, maintenance, stats
 from ._io import (
     check_seconds,
@@ -186,9 +186,10 @@ class Store:
         except OSError:
             pass
 
-    def _lock_at(self, base: Path, timeout: float | None) -> BaseLock:
-        """A lock under this store's locks dir, with its mode and permissions."""
+    def _lock_at(self, base: Path, timeout: float | None, wait_alive: float | None = None) -> BaseLock:
+        """A lock under this store's locks dir, with its mode, permissions and stale age."""
         return make_lock(base, mode=self.lock_mode, timeout=timeout,
+                         stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
                          dir_mode=self.dir_mode, file_mode=self.file_mode)
 
     # -- counters (compile_cache.store.stats) ------------------------------------------------------
@@ -228,7 +229,8 @@ class Store:
 
         Keys: every counter (``hits``, ``misses``, ``errors``, ``corrupt``, ``incompatible``,
         ``publishes``, ``bytes_published``, ``bytes_restored``, ``seconds_saved``,
-        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``),
+        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``, the size
+        counter ``stored_bytes`` and ``size_recounts``),
         ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
         ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
         ``read_only``, ``read_only_reason``, ``lock_mode``.
@@ -238,7 +240,7 @@ class Store:
     def zero_stats(self) -> None:
         """Reset every counter to zero (entries are kept)."""
         self._require_writable("zero the stats")
-        stats.zero(self)
+        stats.zero(self, size=maintenance.total_size(self))  # the size counter stays
 
     # -- publish / load --------------------------------------------------------------------------
     def publish(
@@ -258,7 +260,8 @@ class Store:
         ``entry_info`` into ``entry.json`` when this publish creates the entry. Programming
         errors still raise: a bad key (``ValueError``), an unsafe member name
         (:class:`UnsafePathError`), non-bytes members or non-JSON metadata (``TypeError``).
-        May evict least-recently-used entries afterwards to stay under ``max_size``.
+        May evict least-recently-used entries afterwards to stay under ``max_size`` (by the size
+        counter: no walk of the store).
         """
         check_key(key)
         if not isinstance(members, Mapping):
@@ -287,7 +290,7 @@ class Store:
             for attempt in range(2):
                 try:
                     self._mkdirs(target.parent)
-                    self._write_entry_json(entry, entry_json)
+                    added = self._write_entry_json(entry, entry_json)
                     self._write(target, chunks)
                     break
                 except FileNotFoundError:
@@ -300,7 +303,8 @@ class Store:
         header = {"created": time.time(), "members": [{"size": len(members[m])} for m in members],
                   "compile_seconds": compile_seconds, "metadata": dict(metadata or {})}
         info = PackInfo._from_header(key, name, target, size, header, self.signing_key is not None)
-        self._bump(publishes=1, bytes_published=size, compile_seconds=float(compile_seconds))
+        self._bump(publishes=1, bytes_published=size, compile_seconds=float(compile_seconds),
+                   stored_bytes=size + added)
         if self.max_size:
             try:
                 maintenance.enforce_cap(self, protect={key})
@@ -314,12 +318,13 @@ class Store:
         record.update(key=key, format=FORMAT_VERSION)
         return record
 
-    def _write_entry_json(self, entry: Path, data: bytes) -> None:
+    def _write_entry_json(self, entry: Path, data: bytes) -> int:
+        """Write ``entry.json`` unless a good one exists; the bytes this added to the store."""
         path = entry / "entry.json"
         current, garbage = read_json_file(path)
         if current is not None:
-            return
-        self._write(path, data, exclusive=not garbage)
+            return 0
+        return len(data) if self._write(path, data, exclusive=not garbage) and not garbage else 0
 
     def load(self, key: str) -> list[Pack]:
         """Every valid pack of ``key``, oldest first; ``[]`` when there is none.
@@ -385,26 +390,28 @@ class Store:
             return None
         target = self.layout.quarantine_path(key, path)
         try:
+            size = os.lstat(path).st_size
             self._mkdirs(self.quarantine_dir)
             os.replace(path, target)
         except OSError:
             return None
+        self._bump(stored_bytes=-size)
         return target
 
     def has(self, key: str) -> bool:
         """Whether ``key`` has at least one pack (unverified: :meth:`load` checks them)."""
         return bool(self.layout.pack_paths(check_key(key)))
 
-    def lock(self, key: str, timeout: float | None = 60.0) -> BaseLock:
+    def lock(self, key: str, timeout: float | None = 60.0, wait_alive: float | None = None) -> BaseLock:
         """A lock for ``key`` (``with store.lock(key): ...``): only avoids duplicate compiles.
 
-        Raises :class:`LockTimeoutError` on timeout, after which callers go on without it. On a
-        read-only store this is a no-op lock.
+        Raises :class:`LockTimeoutError` on timeout (``wait_alive``: or later, while the holder's
+        heartbeat is fresh), after which callers go on without it. Read-only store: a no-op lock.
         """
         check_key(key)
         if self.read_only:
             return make_lock(self.layout.lock_base(key), mode="none", timeout=timeout)
-        return self._lock_at(self.layout.lock_base(key), timeout)
+        return self._lock_at(self.layout.lock_base(key), timeout, wait_alive)
 
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
@@ -441,13 +448,12 @@ class Store:
             if not self.max_size:
                 return []
             max_size = self.max_size
-        return maintenance.remove_entries(
+        return maintenance.evict(
             self,
             None if max_size is None else parse_size(max_size, name="max_size"),
             None if older_than is None else parse_age(older_than, name="older_than"),
             None if keys is None else set(key_list(keys)),
             dry_run,
-            protect=set(),
         )
 
     def clear(self) -> int:
@@ -457,18 +463,17 @@ class Store:
 
     def verify(
         self, fix: bool = False, *, temp_age: float = maintenance.ORPHAN_AGE,
-        lock_stale_after: float = DEFAULT_STALE_AFTER,
+        lock_stale_after: float | None = None,
     ) -> VerifyReport:
         """Check every pack (header, checksum, signature), entry.json, stats file, temp file and lock.
 
         Reports corrupt packs, orphaned temp files older than ``temp_age`` seconds (a crashed
-        publisher's), stale locks (dead holder or older than ``lock_stale_after``), garbage
-        ``entry.json`` and stats files, and empty entries. With ``fix=True`` corrupt packs are
+        publisher's), stale locks (dead holder, heartbeat older than ``lock_stale_after``),
+        garbage ``entry.json`` and stats files, and empty entries. With ``fix=True`` corrupt packs are
         quarantined and the rest removed (``fix`` raises :class:`StoreError` on a read-only store).
         Packs of another format version are listed but never touched.
         """
         temp_age = check_seconds("temp_age", temp_age)
-        lock_stale_after = check_seconds("lock_stale_after", lock_stale_after)
         if fix:
             self._require_writable("fix the store")
         return maintenance.verify(self, fix, temp_age, lock_stale_after)

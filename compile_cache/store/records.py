@@ -141,6 +141,8 @@ class VerifyReport:
     bad_stats: list[Path] = field(default_factory=list)
     empty_entries: list[Path] = field(default_factory=list)
     old_quarantine: list[Path] = field(default_factory=list)
+    #: Bytes the size counter (the cap's measure) is off by: counted minus found; ``fix`` zeroes it.
+    size_drift: int = 0
     fixed: bool = False
 
     @property

@@ -5,6 +5,13 @@ short lock, read-modify-write; ``stats`` sums the shards. A count that cannot be
 (lock busy, read-only or vanished store, I/O error) is kept in memory and goes out with the next
 one. One definition of a hit: the caller restored the key's packs and they worked
 (:meth:`Store.record_hit`).
+
+The store's size is a counter too (``stored_bytes``): publishes and imports add what they
+wrote, evictions and quarantine take away what they removed, so checking the size cap after a
+publish reads a few small shard files instead of walking a store of thousands of packs
+(:func:`tracked_size`). Files removed by hand make it drift; ``verify``, ``prune`` and ``clear``
+walk the store anyway and set it to the exact size (:func:`correct_size`, which also counts
+``size_recounts``: a store whose size was never counted that way has not been calibrated).
 """
 
 from __future__ import annotations
@@ -24,7 +31,17 @@ from ._io import json_bytes, read_json_file
 if TYPE_CHECKING:
     from .core import Store
 
-__all__ = ["COUNTERS", "STATS_SHARDS", "add_counts", "bump", "shard_index", "summary", "zero"]
+__all__ = [
+    "COUNTERS",
+    "STATS_SHARDS",
+    "add_counts",
+    "bump",
+    "correct_size",
+    "shard_index",
+    "summary",
+    "tracked_size",
+    "zero",
+]
 
 logger = logging.getLogger("compile_cache")
 
@@ -43,6 +60,8 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "stored_bytes",
+    "size_recounts",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 
@@ -90,9 +109,8 @@ def bump(store: Store, delta: Mapping[str, Any]) -> None:
         logger.debug("could not update stats %s: %s", shard, exc)
 
 
-def summary(store: Store) -> dict[str, Any]:
-    """Counters summed over all processes, plus the store's size, cap and location (see
-    :meth:`Store.stats` for the keys)."""
+def _totals(store: Store) -> dict[str, Any]:
+    """Every counter summed over the shards, plus this process's counts not written yet."""
     totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
     totals["errors_by_kind"] = {}
     stats_dir = store.layout.stats_dir
@@ -109,6 +127,29 @@ def summary(store: Store) -> dict[str, Any]:
         elif data:
             add_counts(totals, data)
     add_counts(totals, store._pending)
+    return totals
+
+
+def tracked_size(store: Store) -> tuple[int, bool]:
+    """The store's size from its counters (no walk), and whether it was ever calibrated by an
+    exact count (if not, the counter misses what was published before it existed)."""
+    totals = _totals(store)
+    return max(0, int(totals["stored_bytes"])), totals["size_recounts"] > 0
+
+
+def correct_size(store: Store, exact: int) -> None:
+    """Set the size counter to ``exact`` (a walk's result): adds the difference, counts a recount."""
+    current = int(_totals(store)["stored_bytes"])
+    bump(store, {"stored_bytes": int(exact) - current, "size_recounts": 1})
+    if current != exact:
+        logger.debug("compile cache %s: size counter corrected from %d to %d bytes",
+                     store.root, current, exact)
+
+
+def summary(store: Store) -> dict[str, Any]:
+    """Counters summed over all processes, plus the store's size, cap and location (see
+    :meth:`Store.stats` for the keys)."""
+    totals = _totals(store)
     entries = store.entries()
     size = sum(e.size for e in entries)
     lookups = totals["hits"] + totals["misses"]
@@ -134,10 +175,13 @@ def summary(store: Store) -> dict[str, Any]:
     return totals
 
 
-def zero(store: Store) -> None:
-    """Remove every shard (and forget the counts not written yet)."""
+def zero(store: Store, size: int | None = None) -> None:
+    """Remove every shard (and forget the counts not written yet); with ``size``, the size
+    counter starts again at that exact size (it is not a usage counter)."""
     store._pending = {}
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(store.layout.stats_dir):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(store.layout.stats_dir / name)
+    if size is not None:
+        correct_size(store, size)
