@@ -83,11 +83,18 @@ BENCHMARKS: dict[str, dict] = {
         "file": os.path.join("gpu", "cold_start.json"),
         "heading": "## Cold start (GPU)",
     },
+    "cli": {
+        "script": "bench_cli.py",
+        "args": ["--entries", "500", "--repeats", "5"],
+        "smoke": ["--entries", "20", "--repeats", "1"],
+        "file": "cli.json",
+        "heading": "## Command line",
+    },
 }
-DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks")
+DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks", "cli")
 # Order of the measured sections when one is added to RESULTS.md for the first time.
 SECTION_ORDER = ("## Regional compilation", "## Fingerprint", "## Cold start",
-                 "## Cold start (GPU)", "## Ranks", "## Reliability")
+                 "## Cold start (GPU)", "## Ranks", "## Command line", "## Reliability")
 
 # torch's own caches on an H200 with torch 2.11, Llama-3.2-1B shape, bf16, batch 1 x 128
 # (docs: /work/shared/DESIGN.md section 1): the reference for the GPU section.
@@ -475,12 +482,33 @@ reading every pack header (the old eviction pass) {_fmt(h.get('read_all_headers_
 """
 
 
+def section_cli(data: dict) -> str:
+    rows = [[r["command"], f"{r['median_s']:.3f}", f"{r['cpu_median_s']:.3f}",
+             _fmt(r.get("vs_import_torch"))] if "median_s" in r else [r["command"], r.get("error"), None, None]
+            for r in data.get("rows", [])]
+    table = _table(["command", "wall s (median)", "CPU s (median)", "wall / import torch"], rows)
+    verdict = "met" if data.get("goal_met") else "not met"
+    return f"""`benchmarks/bench_cli.py`: each command as a fresh `python -m compile_cache ...` process on a
+synthetic store of {data.get('entries', '?')} entries (1-2 packs each, full `entry.json` records,
+stats shards, recorded misses), median of {data.get('repeats', '?')} runs; `python -c pass` and
+`python -c "import torch"` (what every command cost while `import compile_cache` imported torch)
+measured in the same run. Load average {data.get('load_average', 0):.1f} on {data.get('cores', '?')} cores
+during the run (CPU time is the cost that does not depend on sharing the cores).
+
+{_provenance(data, "python benchmarks/bench_cli.py --json")}
+
+{table}
+
+Goal: `ls` and `stats` under {data.get('goal_s', 0.3)} s wall each: **{verdict}**."""
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {
     "fingerprint": section_fingerprint,
     "regions": section_regions,
     "cold_start": section_cold_start,
     "cold_start_gpu": section_cold_start_gpu,
     "ranks": section_ranks,
+    "cli": section_cli,
 }
 
 

@@ -36,6 +36,7 @@ _LAZY: dict[str, str] = {
     "warm_up": "api",
     "warm": "api",
     "CacheReport": "session",
+    "CacheMissWarning": "explain",
     "last_report": "session",
     "RegionPlan": "plan",
     "plan_regions": "plan",
@@ -64,6 +65,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BackendUnavailableError",
+    "CacheMissWarning",
     "CacheReport",
     "RegionEagerWarning",
     "RegionPlan",

@@ -38,6 +38,7 @@ __all__ = [
     "VARIABLES",
     "WAIT_TIMEOUT",
     "Variable",
+    "check_all",
     "describe",
     "parse_bool",
 ]
@@ -240,6 +241,14 @@ def _default_text(variable: Variable) -> str:
     if variable.name == SHARED.name:
         return "private"
     return str(variable.default)
+
+
+def check_all() -> None:
+    """Parses every variable that is set: ConfigError for the first bad one. ``compile_regions``
+    calls it first, so a typo in a job's environment fails at that line, not when a rank first
+    waits for another half an hour later."""
+    for variable in VARIABLES.values():
+        variable.value()
 
 
 def describe() -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 from .. import config
 from .._sizes import format_size
 from ..errors import CompileCacheError, ConfigError
-from .output import pairs, print_json, table
+from .output import PROG, pairs, print_json, table
 
 __all__ = ["cmd_doctor"]
 
@@ -33,7 +33,11 @@ _TORCH_VARS: tuple[tuple[str, str], ...] = (
 
 def _backend_info() -> dict[str, Any]:
     fingerprint = importlib.import_module("compile_cache.fingerprint")  # the package's name is a function
-    info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
+    try:
+        info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
+    except ConfigError as exc:  # a bad COMPILE_CACHE_BACKEND: listed with the variables
+        return {"backend": f"not chosen ({exc})", "fallbacks": 0, "extension": None,
+                "built_against_torch": None}
     impl = getattr(fingerprint, "_implementation", None)
     path = getattr(impl, "__file__", None) if fingerprint.backend == "native" else None
     if path is None:
@@ -57,7 +61,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..distributed.hazards import cross_rank_hazards
     from ..keys import environment, environment_digest
     from ..locks import filesystem_type, lock_mode_for
-    from ..store import Store
+    from ..store import Store, misses
     from ..store.safety import describe_dir, resolve_location
 
     root, source = resolve_location(args.cache_dir)
@@ -93,6 +97,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 "read_only": store.read_only, "read_only_reason": store.read_only_reason,
                 "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
                 "signed": store.signing_key is not None,
+                "recent_misses": [
+                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
+                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
+                ],
             }
         except CompileCacheError as exc:
             problems.append(f"store unusable: {exc}")
@@ -155,6 +163,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("signing", "packs signed and checked (COMPILE_CACHE_SIGNING_KEY set)"
                      if store_state["signed"] else "off (checksums only)"))
     print(pairs(rows, "  "))
+    if store_state.get("recent_misses"):
+        print(f"\nRecent misses (`{PROG} explain` compares them with the store's entries now)")
+        for miss in store_state["recent_misses"]:
+            print(f"  - {miss['reason']}")
     print("\nEnvironment key (packs are restored only where it is equal)")
     device = env.get("device_name") or "cpu only (no CUDA)"
     print(pairs([

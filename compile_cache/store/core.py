@@ -48,7 +48,6 @@ from .pack import (
     decode_pack,
     encode_pack,
     is_signed,
-    read_pack_header,
 )
 from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .safety import check_safe_dir, resolve_location
@@ -198,23 +197,24 @@ class Store:
         stats.bump(self, delta)
 
     def record_hit(self, key: str, seconds_saved: float | None = None, nbytes: int = 0) -> None:
-        """Count a hit (the caller restored ``key`` and it worked) and mark ``key`` used.
-
-        ``seconds_saved`` defaults to the compile seconds recorded in the key's packs.
-        """
-        check_key(key)
-        if seconds_saved is None:
-            seconds_saved = 0.0
-            for path in self.layout.pack_paths(key):
-                with contextlib.suppress(OSError, CorruptPackError):
-                    seconds_saved += float(read_pack_header(path)[0].get("compile_seconds") or 0.0)
-        self._touch_used(key)
-        self._bump(hits=1, seconds_saved=float(seconds_saved), bytes_restored=int(nbytes))
+        """Count a hit (restored, compiled nothing new); ``seconds_saved`` defaults to the compile
+        seconds recorded in the key's packs. Marks ``key`` used."""
+        self.record_outcome(key, "hit", seconds_saved=seconds_saved, nbytes=nbytes)
 
     def record_miss(self, key: str) -> None:
         """Count a miss for ``key`` (nothing usable was in the store)."""
+        self.record_outcome(key, "miss")
+
+    def record_outcome(self, key: str, outcome: str, *, previous: str | None = None,
+                       seconds_saved: float | None = None, nbytes: int = 0) -> None:
+        """Count a start as ``hit``, ``partial``, ``miss`` or ``local`` (see
+        :mod:`compile_cache.store.stats`); ``previous``: what it was counted as before."""
         check_key(key)
-        self._bump(misses=1)
+        seconds_saved = None if seconds_saved is None else float(seconds_saved)
+        if outcome in ("hit", "partial"):
+            self._touch_used(key)
+        stats.record_outcome(self, key, outcome, previous=previous,
+                             seconds_saved=seconds_saved, nbytes=nbytes)
 
     def record_error(self, kind: str) -> None:
         """Count an error of ``kind`` (e.g. ``"restore"``, ``"ENOSPC"``)."""
@@ -227,10 +227,10 @@ class Store:
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus the store's size, cap and location.
 
-        Keys: every counter (``hits``, ``misses``, ``errors``, ``corrupt``, ``incompatible``,
-        ``publishes``, ``bytes_published``, ``bytes_restored``, ``seconds_saved``,
-        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``, the size
-        counter ``stored_bytes`` and ``size_recounts``),
+        Keys: every counter (``hits``, ``partial_hits``, ``misses``, ``local_hits``, ``errors``,
+        ``corrupt``, ``incompatible``, ``publishes``, ``bytes_published``, ``bytes_restored``,
+        ``seconds_saved``, ``compile_seconds``, ``evictions``, ``evicted_bytes``,
+        ``backend_fallbacks``, the size counter ``stored_bytes`` and ``size_recounts``),
         ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
         ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
         ``read_only``, ``read_only_reason``, ``lock_mode``.

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptPackError
 from ._io import read_json_file
-from .layout import Layout
+from .layout import PACK_RE, Layout
 from .pack import read_pack_header
 
 __all__ = ["EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
@@ -78,38 +77,42 @@ class EntryInfo:
     @classmethod
     def read(cls, layout: Layout, key: str) -> EntryInfo | None:
         """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
-        entry = layout.entry_dir(key)
+        entry, entry_json, used, packs_dir = layout.entry_strings(key)
         try:
-            names = os.listdir(entry)
+            scan = list(os.scandir(entry))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        metadata, _garbage = read_json_file(layout.entry_json(key))
+        metadata, _garbage = read_json_file(entry_json)  # type: ignore[arg-type]
         size = 0
         mtimes: list[float] = []
-        for name in names:
+        for item in scan:
             with contextlib.suppress(OSError):
-                st = os.lstat(entry / name)
-                if stat.S_ISREG(st.st_mode):
-                    size += st.st_size
+                if item.is_file(follow_symlinks=False):  # regular files only, as lstat says
+                    size += item.stat(follow_symlinks=False).st_size
         packs: list[PackInfo] = []
-        for path in layout.pack_paths(key):
+        try:
+            names = sorted(n for n in os.listdir(packs_dir) if PACK_RE.fullmatch(n))
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(packs_dir, name)
             try:
                 st = os.lstat(path)
                 size += st.st_size
                 mtimes.append(st.st_mtime)
-                header, signed, _ = read_pack_header(path)
-                packs.append(PackInfo._from_header(key, path.stem, path, st.st_size, header, signed))
+                header, signed, _ = read_pack_header(path)  # type: ignore[arg-type]
+                packs.append(PackInfo._from_header(key, name[:-5], Path(path), st.st_size, header, signed))
             except (OSError, CorruptPackError):
                 continue
         try:
-            last_used = os.stat(layout.used_file(key)).st_mtime
+            last_used = os.stat(used).st_mtime
         except OSError:
             last_used = max(mtimes, default=0.0)
         created = float((metadata or {}).get("created") or 0.0) or min(
             [p.created for p in packs] or [last_used]
         )
         return cls(key=key, metadata=metadata or {}, packs=tuple(packs), size=size,
-                   created=created, last_used=last_used, path=entry)
+                   created=created, last_used=last_used, path=Path(entry))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (for ``ls --json``)."""
