@@ -43,6 +43,10 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "signature_mismatch",
+    "load_failures",
+    "lock_fallbacks",
+    "untrusted",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 
