@@ -24,6 +24,7 @@ from ..errors import LockTimeoutError
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "HEARTBEAT_STALE_AFTER",
     "LOCKDIR_SUFFIX",
     "LOCK_SUFFIX",
     "OWNER_FILE",
@@ -35,8 +36,12 @@ __all__ = [
 
 logger = logging.getLogger("compile_cache")
 
-#: A ``mkdir`` lock whose holder took it this long ago is broken by waiters.
+#: A lock left on disk this long is stale whatever its heartbeat (and an unheld ``.lock`` file
+#: this old is garbage for ``verify``).
 DEFAULT_STALE_AFTER = 1800.0
+#: A ``mkdir`` lock whose holder's heartbeat (its owner file's time) is older than this is
+#: broken by waiters: a live holder refreshes it well within this (``compile_cache.locks``).
+HEARTBEAT_STALE_AFTER = 60.0
 LOCK_SUFFIX = ".lock"
 LOCKDIR_SUFFIX = ".lockdir"
 OWNER_FILE = "owner"
@@ -227,6 +232,10 @@ class BaseLock:
         parent = self.path.parent
         if not parent.is_dir():
             os.makedirs(parent, mode=self.dir_mode, exist_ok=True)
+            try:
+                os.chmod(parent, self.dir_mode)  # exact, whatever the umask (group mode: 2775)
+            except OSError:
+                pass
 
     def _new_holder(self) -> bytes:
         """The holder record this process writes into the lock: ``host:pid:time``."""

@@ -8,6 +8,7 @@ it alone if someone broke and re-took it meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -56,6 +57,8 @@ class MkdirLock(BaseLock):
         return True
 
     def _write_owner(self, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(path, self.dir_mode)  # exact, whatever the umask: the group can break it
         self._token = self._new_holder()
         try:
             atomic_write(path / OWNER_FILE, self._token, mode=self.file_mode, fsync=False)
