@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from . import distributed as _distributed
-from . import prefetch, regions, warmup
+from . import local_dirs, prefetch, regions, warmup
 from .errors import ConfigError
 from .keys import entry_key
 from .plan import check_module, plan_regions
@@ -109,6 +109,7 @@ def compile_regions(
     session = None
     use_precompile = False
     if not plan.disabled:
+        local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
         use_precompile = precompile_requested(precompile) and cache_dir is not False
         if cache_dir is not False:
             # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled

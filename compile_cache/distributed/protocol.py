@@ -145,7 +145,10 @@ def _compile_under_lock(
         held = True
     except LockTimeoutError as exc:
         report.notes.append(f"lock timeout, compiling anyway: {exc}")
-        logger.warning("compile_cache: %s; compiling without the lock", exc)
+        session.lock_failed(exc)
+    except OSError as exc:  # a lock file another user made (EACCES), ENOLCK, EROFS: bounded too
+        report.notes.append(f"lock error, compiling anyway: {type(exc).__name__}: {exc}")
+        session.lock_failed(exc)
     try:
         if held and any(m.get("warm_up") == sig for m in session.pack_metadata()):
             session.restore(count=False)  # another job published while we waited for the lock
@@ -153,7 +156,8 @@ def _compile_under_lock(
         _local(report, model, inputs, train, session)
     finally:
         if held:
-            lock.release()
+            with contextlib.suppress(OSError):
+                lock.release()
 
 
 def _shared(
