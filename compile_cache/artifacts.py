@@ -315,7 +315,7 @@ def restore(
     way. A file that already exists with the same bytes is left alone (idempotent); otherwise
     the bytes go to a unique temporary name in the target dir and ``os.replace`` publishes them,
     so processes restoring the same pack concurrently never see a partial file. Members read
-    from a store pack (:class:`~compile_cache.store.pack.PackMembers`, already checked by the
+    from a store pack (:class:`~compile_cache.store.reader.PackMembers`, already checked by the
     store's load) are copied in chunks, never held whole. ``modes`` overrides
     :func:`default_mode` per member. ``origin`` (e.g. the pack) is remembered for each file
     (:func:`restored_origin`), to find the pack again if torch cannot load the file.

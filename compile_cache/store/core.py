@@ -305,7 +305,7 @@ class Store:
         The packs are one consistent set: all of them are opened before any is read, and if a
         listed pack vanishes meanwhile (evicted, quarantined, superseded) the entry is listed
         again; an entry that is gone is a miss, never a part of it. Each pack is checked without
-        being read whole (:func:`~compile_cache.store.pack.open_pack`): its size and member
+        being read whole (:func:`~compile_cache.store.reader.open_pack`): its size and member
         count against the limits, from its first bytes; its header, checksum and signature;
         then every member (:mod:`~compile_cache.store.members`: a shared library must be a
         complete ELF/Mach-O file of the size the capture recorded). A pack that fails is counted
@@ -315,7 +315,7 @@ class Store:
         ``signature_mismatch`` and left for the readers who hold that key. A directory or pack
         that another user owns or can write (:mod:`~compile_cache.store.safety`) is refused,
         counted as ``untrusted``. Members are read on demand from the open pack files
-        (:class:`~compile_cache.store.pack.PackMembers`). Loading does not count a hit or a miss
+        (:class:`~compile_cache.store.reader.PackMembers`). Loading does not count a hit or a miss
         (the caller knows whether the restore worked: :meth:`record_hit`, :meth:`record_miss`);
         it marks the entry used.
         """

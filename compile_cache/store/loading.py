@@ -85,7 +85,6 @@ def load(store: Store, key: str) -> list[Pack]:
     return packs
 
 
-
 def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, Any]] | None:
     """Open every pack of ``key`` (one consistent listing), after checking the entry's
     directories; None when there is nothing usable (counted where it is an error)."""

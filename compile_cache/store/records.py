@@ -63,7 +63,7 @@ class Pack:
     """A loaded, verified pack: ``members`` maps safe relative names to bytes.
 
     ``members`` reads from the open pack file on demand (a
-    :class:`~compile_cache.store.pack.PackMembers`: ``chunks(name)`` streams a member,
+    :class:`~compile_cache.store.reader.PackMembers`: ``chunks(name)`` streams a member,
     ``size(name)``/``info(name)`` read only the member table); :meth:`close` closes the file.
     """
 
