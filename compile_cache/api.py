@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import config, prefetch, regions, warmup
+from . import config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
@@ -114,6 +114,7 @@ def compile_regions(
     session = None
     use_precompile = False
     if not plan.disabled:
+        local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
         use_precompile = precompile_requested(precompile) and cache_dir is not False
         if cache_dir is not False:
             # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _warnings, artifacts, config, torch_compat
+from . import _warnings, artifacts, config, local_dirs, recovery, torch_compat
 from ._sizes import format_size
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
 from .explain import CacheMissWarning, explain
 from .store import EntryInfo, Store, misses
-from .torch_compat import dynamo, isa
+from .torch_compat import dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -66,11 +66,14 @@ class CacheReport:
     #: why the key was not in the store (None when it was): the fields that differ from the
     #: closest entry of the same model (``compile_cache.explain``)
     miss_reason: str | None = None
+    #: Restored files torch could not load (removed, built again; their packs quarantined).
+    load_failures: int = 0
 
     @property
     def hit(self) -> bool:
-        """True when packs were restored and no forward so far had to compile anything new."""
-        return self.restored_packs > 0 and self.fxgraph_misses == 0
+        """True when packs were restored, torch loaded them, and no forward so far had to
+        compile anything new."""
+        return self.restored_packs > 0 and self.fxgraph_misses == 0 and self.load_failures == 0
 
     @property
     def outcome(self) -> str:
@@ -182,15 +185,29 @@ class CacheSession:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
         for pack in packs:
+            origin = recovery.origin(self.store, pack.info)
             try:
-                result = artifacts.restore(pack.members)
-            except (CompileCacheError, OSError) as exc:
+                result = artifacts.restore(pack.members, origin=origin)
+            except artifacts.UnrestorableMemberError as exc:
+                # The pack itself is bad for every node (a label no restore knows, a name no
+                # filesystem holds): set it aside once, instead of failing on every start.
+                self.report.errors.append(f"restore: pack {pack.info.name}: {exc}")
+                self.store.quarantine(pack.info, str(exc))
+                continue
+            except (CompileCacheError, OSError) as exc:  # this node's local dir (a planted link...)
                 self._error("restore", f"pack {pack.info.name}: {exc}")
                 continue
+            finally:
+                pack.close()
+            recovery.restored(origin, self.store, pack.info, self.report)
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
         self.report.restore_seconds += time.perf_counter() - start
+        if self.report.restored_packs and self._inductor:
+            # A restored graph whose library torch cannot load compiles instead (and the pack is
+            # set aside): the hook around torch's load of a cached graph.
+            inductor_cache.guard_cache_loads(recovery.on_load_failure)
         answers: dict[str, bool] = {}
         for pack in packs:
             published = pack.info.metadata.get("isa_probe")
@@ -276,6 +293,7 @@ class CacheSession:
         info = self.store.publish(
             self.key,
             members,
+            member_info=getattr(capture, "recorded", None),
             metadata={
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
@@ -295,7 +313,10 @@ class CacheSession:
         entry = self.store.entry(self.key)
         if entry is None:
             return frozenset()
-        return frozenset(name for pack in entry.packs for name in pack.member_names)
+        # Only packs this reader can use: another signer's pack does not stand in for ours.
+        return frozenset(
+            name for pack in entry.packs if self.store.usable(pack) for name in pack.member_names
+        )
 
     def pack_metadata(self) -> list[dict[str, Any]]:
         """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
@@ -346,6 +367,13 @@ class CacheSession:
         """The store's lock of this key (only avoids duplicate compiles; never needed for
         correctness); ``wait_alive``: wait past ``timeout`` while its holder's heartbeat is fresh."""
         return self.store.lock(self.key, timeout=timeout, wait_alive=wait_alive)
+
+    def lock_failed(self, exc: BaseException) -> None:
+        """The lock could not be taken (a timeout, a lock file another user made, ENOLCK): the
+        caller compiles without it; counted (``lock_fallbacks``)."""
+        logger.warning("compile_cache: lock of %s not taken (%s: %s); compiling without it",
+                       self.key[:12], type(exc).__name__, exc)
+        self.store.record_lock_fallback(exc)
 
     def entry(self) -> EntryInfo | None:
         """The key's entry in the store now (its packs' names and metadata), or None."""
@@ -408,6 +436,7 @@ def open_session(
     global _last_report
     if cache_dir is False:
         return None
+    local_dirs.secure_local_dirs()  # before anything is restored into them (also done by api)
     try:
         store = Store(None if cache_dir is None or cache_dir is True else cache_dir)
     except (UnsafeStoreError, ConfigError):

@@ -32,6 +32,10 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_WAIT_TIMEOUT": ("2.5", 2.5, "-1"),
     "COMPILE_CACHE_LOCK_TIMEOUT": ("10", 10.0, "soon"),
     "COMPILE_CACHE_LOCK_STALE": ("30", 30.0, "0"),
+    "COMPILE_CACHE_MAX_PACK_SIZE": ("512M", 512 << 20, "0"),
+    "COMPILE_CACHE_MAX_PACK_MEMBERS": ("5_000", 5000, "-3"),
+    "COMPILE_CACHE_MAX_MEMBER_NAME": ("300", 300, "8"),
+    "COMPILE_CACHE_TRUST_LOCAL_DIRS": ("yes", True, "perhaps"),
 }
 
 

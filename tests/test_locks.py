@@ -161,6 +161,8 @@ def test_a_lock_from_another_host_is_broken_only_once_too_old(tmp_path) -> None:
         FileLock(base, mode="mkdir", timeout=0.2, stale_after=60).acquire()
     assert lock_dir.exists()  # alive for all we know: not broken
     (lock_dir / "owner").write_text(f"othernode:4242:{time.time() - 120:.3f}")
+    past = time.time() - 120
+    os.utime(lock_dir / "owner", (past, past))  # no heartbeat for two minutes
     with FileLock(base, mode="mkdir", timeout=2.0, stale_after=60) as lock:
         assert read_holder(lock.path).host == HOSTNAME
 

@@ -109,6 +109,7 @@ def test_every_capability_is_available_on_this_torch() -> None:
     assert {r.name for r in rows} == {
         "dynamo.counters", "dynamo.guard_failures", "dynamo.cache_entries", "dynamo.config",
         "dynamo.precompile", "dynamo.optimized_module", "inductor.cache_dir", "isa.probe_hook",
+        "inductor.header_dir", "inductor.load_guard",
         "isa.prefetch", "c10d.default_store", "configs.portable",
     }
     assert all(r.available for r in rows), [tuple(r) for r in rows if not r.available]

@@ -90,8 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", action="store_true", help="reset the counters")
     p.set_defaults(func=_command("store_cmds", "cmd_stats"))
 
-    p = sub.add_parser("verify", parents=both, help="check every pack's header and checksum",
-                       description="Check packs, entry files, temp files and locks. Exit 1 when problems remain.")
+    p = sub.add_parser("verify", parents=both, help="check every pack as a restoring job does",
+                       description="Check packs (limits, checksum, signature, every member: a shared "
+                       "library must be complete), owners and modes, entry files, temp files and locks. "
+                       "Exit 1 when problems remain.")
     p.add_argument("--fix", action="store_true", help="quarantine corrupt packs, remove orphans and stale locks")
     p.set_defaults(func=_command("store_cmds", "cmd_verify"))
 

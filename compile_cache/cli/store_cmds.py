@@ -199,6 +199,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Errors", errors),
         ("Corrupt packs", f"{s['corrupt']} ({s['quarantined']} in quarantine)"),
         ("Incompatible packs", s["incompatible"]),
+        ("Failed to load", f"{s['load_failures']} restored packs torch could not load (quarantined)"),
+        ("Other signer", f"{s['signature_mismatch']} packs signed with another key (left for them)"),
+        ("Untrusted", f"{s['untrusted']} directories/packs another user owns or can write"),
+        ("Lock fallbacks", f"{s['lock_fallbacks']} compiles without the lock"),
         ("Published", f"{s['publishes']} packs, {format_size(s['bytes_published'])}"),
         ("Restored", format_size(s["bytes_restored"])),
         ("Compile time spent", f"{s['compile_seconds']:.1f} s"),
@@ -222,14 +226,18 @@ def _problems(report: Any) -> list[tuple[str, str]]:
     out += [("unreadable entry.json", str(p)) for p in report.bad_entries]
     out += [("unreadable stats file", str(p)) for p in report.bad_stats]
     out += [("empty entry", str(p)) for p in report.empty_entries]
+    out += [("untrusted", f"{p}: {why}") for p, why in report.untrusted]
     return out
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every pack's header and checksum, temp files and locks; ``--fix`` removes the broken."""
+    """Check every pack as a restoring job does (limits, checksum, signature, every member: a
+    shared library must be complete), temp files and locks; ``--fix`` removes the broken."""
+    from ..store.members import PACK_LABELS
+
     store = open_store(args)
-    report = store.verify(fix=args.fix)
-    remaining = store.verify() if args.fix else report
+    report = store.verify(fix=args.fix, labels=PACK_LABELS)
+    remaining = store.verify(labels=PACK_LABELS) if args.fix else report
     if args.json:
         data = report.to_dict()
         data["remaining"] = remaining.to_dict()
@@ -242,6 +250,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(table(("PROBLEM", "WHERE"), found))
     for path in report.incompatible_packs:
         print(f"note: pack of another format version left in place: {path}")
+    for path in report.other_signer_packs:
+        print(f"note: pack signed with another key (or unsigned) left for its readers: {path}")
     if args.fix and found:
         print(f"Fixed {len(found)} problem(s): corrupt packs quarantined, the rest removed")
     left = _problems(remaining)

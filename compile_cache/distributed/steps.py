@@ -3,6 +3,7 @@ store's lock, and the small helpers the protocols share (notes, pack names, the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -62,7 +63,11 @@ def compile_under_lock(
         lock.acquire()
         held = True
     except LockTimeoutError as exc:
-        note(report, f"lock timeout, compiling anyway: {exc}", warn=True)
+        report.notes.append(f"lock timeout, compiling anyway: {exc}")
+        session.lock_failed(exc)
+    except OSError as exc:  # a lock file another user made (EACCES), ENOLCK, EROFS: bounded too
+        report.notes.append(f"lock error, compiling anyway: {type(exc).__name__}: {exc}")
+        session.lock_failed(exc)
     report.waited_seconds += lock.waited
     if held and lock.waited_past_timeout:
         note(report, f"waited {lock.waited:.1f} s for the store's lock of this key: its holder's "
@@ -74,7 +79,8 @@ def compile_under_lock(
         local(report, model, inputs, train, session)
     finally:
         if held:
-            lock.release()
+            with contextlib.suppress(OSError):
+                lock.release()
 
 
 def pack_names(session: CacheSession) -> set[str]:

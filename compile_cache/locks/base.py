@@ -393,6 +393,10 @@ class BaseLock:
         parent = self.path.parent
         if not parent.is_dir():
             os.makedirs(parent, mode=self.dir_mode, exist_ok=True)
+            try:
+                os.chmod(parent, self.dir_mode)  # exact, whatever the umask (group mode: 2775)
+            except OSError:
+                pass
 
     def _new_holder(self) -> bytes:
         """The holder record this process writes into the lock: ``host:pid:time:namespace``."""

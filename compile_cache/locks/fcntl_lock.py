@@ -55,6 +55,7 @@ class FcntlLock(BaseLock):
         except FileNotFoundError:
             self._ensure_parent()
             return False
+        self._exact_mode(fd)
         try:
             self._lock(fd)
         except OSError as exc:
@@ -78,6 +79,14 @@ class FcntlLock(BaseLock):
             pass  # the holder record is informative only
         self._fd = fd
         return True
+
+    def _exact_mode(self, fd: int) -> None:
+        """Our own lock file gets the store's mode whatever the umask (group mode: 0664), so the
+        next member of the group can open it for writing."""
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and (st.st_mode & 0o7777) != self.file_mode:
+                os.fchmod(fd, self.file_mode)
 
     def _fall_back(self, path: Path, exc: OSError) -> bool:
         code = errno.errorcode.get(exc.errno or 0, str(exc))

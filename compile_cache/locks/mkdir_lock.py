@@ -9,6 +9,7 @@ aside first, and leaves it alone if someone broke and re-took it meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -57,6 +58,8 @@ class MkdirLock(BaseLock):
         return True
 
     def _write_owner(self, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(path, self.dir_mode)  # exact, whatever the umask: the group can break it
         self._owner = self._me()
         try:
             atomic_write(path / OWNER_FILE, self._owner.encode(), mode=self.file_mode, fsync=False)

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from .._paths import is_temp_name
@@ -22,9 +22,10 @@ from ..errors import CorruptPackError
 from ..locks import optional_lock
 from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
 from . import stats
-from ._io import check_seconds, read_json_file, read_nofollow
-from .pack import IncompatiblePackError, decode_pack
+from ._io import check_seconds, open_nofollow, read_json_file
+from .pack import IncompatiblePackError, SignatureMismatchError
 from .records import EntryInfo, VerifyReport
+from .safety import trust_problem
 
 if TYPE_CHECKING:
     from .core import Store
@@ -203,7 +204,9 @@ def _remove_path(path: Path) -> None:
             path.unlink()
 
 
-def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float | None) -> VerifyReport:
+def verify(
+    store: Store, fix: bool, temp_age: float, lock_stale_after: float | None, labels: Any = None,
+) -> VerifyReport:
     """See :meth:`Store.verify` (``lock_stale_after`` None: ``COMPILE_CACHE_LOCK_STALE``)."""
     stale = config.LOCK_STALE.value() if lock_stale_after is None else lock_stale_after
     lock_stale_after = check_seconds("lock_stale_after", stale)
@@ -234,15 +237,29 @@ def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float | N
                         if fix:
                             with contextlib.suppress(OSError):
                                 os.unlink(directory / name)
+        for directory in (entry.parent, entry, layout.packs_dir(key)):
+            with contextlib.suppress(OSError):
+                problem = trust_problem(os.lstat(directory), directory, store.shared_group)
+                if problem is not None:
+                    report.untrusted.append((directory, problem.message))
         packs = layout.pack_paths(key)
         for path in packs:
             report.checked_packs += 1
             try:
-                decode_pack(read_nofollow(path), signing_key=store.signing_key, key=key)
+                fh = open_nofollow(path)
+                problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
+                if problem is not None:
+                    fh.close()
+                    report.untrusted.append((path, problem.message))
+                    continue
+                # The same checks as a restoring job's load (limits, checksum, signature, members).
+                store._check_pack(path, fh, key, labels).close()
             except FileNotFoundError:
                 continue
             except IncompatiblePackError:
                 report.incompatible_packs.append(path)
+            except SignatureMismatchError:
+                report.other_signer_packs.append(path)
             except (CorruptPackError, OSError) as exc:
                 report.corrupt_packs.append((path, str(exc)))
                 if fix:

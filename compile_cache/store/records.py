@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ class PackInfo:
     signed: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     member_names: tuple[str, ...] = ()
+    #: The id of the key that signed it (``Store.signer``), None for unsigned/older packs.
+    signer: str | None = None
 
     @classmethod
     def _from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
@@ -50,16 +53,28 @@ class PackInfo:
             member_names=tuple(
                 m["name"] for m in table if isinstance(m, dict) and isinstance(m.get("name"), str)
             ),
+            signer=header.get("signer") if isinstance(header.get("signer"), str) else None,
         )
 
 
 @dataclass(frozen=True)
 class Pack:
-    """A loaded, verified pack: ``members`` maps safe relative names to bytes."""
+    """A loaded, verified pack: ``members`` maps safe relative names to bytes.
 
-    members: dict[str, bytes]
+    ``members`` reads from the open pack file on demand (a
+    :class:`~compile_cache.store.reader.PackMembers`: ``chunks(name)`` streams a member,
+    ``size(name)``/``info(name)`` read only the member table); :meth:`close` closes the file.
+    """
+
+    members: Mapping[str, bytes]
     header: dict[str, Any]
     info: PackInfo
+
+    def close(self) -> None:
+        """Close the pack file now (also done when the pack is garbage-collected)."""
+        close = getattr(self.members, "close", None)
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,7 @@ class EntryInfo:
         entry, entry_json, used, packs_dir = layout.entry_strings(key)
         try:
             scan = list(os.scandir(entry))
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # gone, or unreadable (EACCES, ESTALE): nothing to list
             return None
         metadata, _garbage = read_json_file(entry_json)  # type: ignore[arg-type]
         size = 0
@@ -138,6 +153,10 @@ class VerifyReport:
     checked_packs: int = 0
     corrupt_packs: list[tuple[Path, str]] = field(default_factory=list)
     incompatible_packs: list[Path] = field(default_factory=list)
+    #: Packs signed with another key (or unsigned, with a key set): another reader's, not a problem.
+    other_signer_packs: list[Path] = field(default_factory=list)
+    #: Directories and packs another user owns or can write: refused by every load.
+    untrusted: list[tuple[Path, str]] = field(default_factory=list)
     orphaned_temp: list[Path] = field(default_factory=list)
     stale_locks: list[Path] = field(default_factory=list)
     bad_entries: list[Path] = field(default_factory=list)
@@ -150,10 +169,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        """No problem found (incompatible packs of another version are not a problem)."""
+        """No problem found (packs of another format version, or signed with another key, are
+        not a problem: they are other readers')."""
         return not (
             self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
-            or self.bad_stats or self.empty_entries
+            or self.bad_stats or self.empty_entries or self.untrusted
         )
 
     def to_dict(self) -> dict[str, Any]:

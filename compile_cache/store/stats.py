@@ -74,6 +74,10 @@ COUNTERS: tuple[str, ...] = (
     "backend_fallbacks",
     "stored_bytes",
     "size_recounts",
+    "signature_mismatch",
+    "load_failures",
+    "lock_fallbacks",
+    "untrusted",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 #: a start's outcome -> the counter it bumps
