@@ -41,3 +41,7 @@ class PrecompileDeclined(CompileCacheError):
     Raised from inside the guard filter while Dynamo traces; compile_cache catches it, compiles
     the region without precompile (every default guard) and warns. It never reaches the user.
     """
+
+
+class DistributedSetupError(CompileCacheError, RuntimeError):
+    """The job's ``torch.distributed`` setup lacks what the ranks need to coordinate (the c10d store)."""

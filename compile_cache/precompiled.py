@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from . import _warnings, artifacts
+from .keys import canonical_compile_kwargs
 from .torch_compat import precompile as pc
 
 logger = logging.getLogger("compile_cache")
@@ -123,7 +124,9 @@ class GroupPrecompiler:
         pf = self.functions.get(code_name)
         if pf is not None:
             return pf
-        name = pc.entry_name(self.setup.store_key, code_name, compile_kwargs, self.template)
+        # canonical keywords, as the store key has them: equal settings name one entry
+        name = pc.entry_name(self.setup.store_key, code_name,
+                             canonical_compile_kwargs(compile_kwargs), self.template)
         with _LOCK:
             pf = _FUNCTIONS.get(name)
             if pf is None:
