@@ -24,6 +24,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.locks",
     "compile_cache.session",
     "compile_cache.distributed",
+    "compile_cache.integrations.accelerate",
 )
 
 
