@@ -9,8 +9,8 @@ neither the disk layout (``compile_cache.store``) nor torch's cache internals
 
 The distributed warm-up works through the session's public methods: :attr:`CacheSession.entry_info`,
 :meth:`~CacheSession.tagged` (metadata for the packs it publishes), :meth:`~CacheSession.lock`,
-:meth:`~CacheSession.entry`, :meth:`~CacheSession.packs_to_send` and
-:meth:`~CacheSession.publish_received`.
+:meth:`~CacheSession.entry` and :attr:`~CacheSession.store` (broadcast mode reads and publishes
+the packs it sends and receives there).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _warnings, artifacts, config, torch_compat
+from . import _warnings, artifacts, config, local_dirs, recovery, torch_compat
 from ._sizes import format_size
-from .errors import CompileCacheError, UnsafeStoreError
-from .store import EntryInfo, Store
-from .torch_compat import dynamo, isa
+from .errors import CompileCacheError, ConfigError, UnsafeStoreError
+from .explain import CacheMissWarning, explain
+from .store import EntryInfo, Store, misses
+from .torch_compat import dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -62,11 +63,28 @@ class CacheReport:
     published_packs: int = 0
     published_bytes: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
+    #: why the key was not in the store (None when it was): the fields that differ from the
+    #: closest entry of the same model (``compile_cache.explain``)
+    miss_reason: str | None = None
+    #: Restored files torch could not load (removed, built again; their packs quarantined).
+    load_failures: int = 0
 
     @property
     def hit(self) -> bool:
-        """True when packs were restored and no forward so far had to compile anything new."""
-        return self.restored_packs > 0 and self.fxgraph_misses == 0
+        """True when packs were restored, torch loaded them, and no forward so far had to
+        compile anything new."""
+        return self.restored_packs > 0 and self.fxgraph_misses == 0 and self.load_failures == 0
+
+    @property
+    def outcome(self) -> str:
+        """The one meaning of hit, as ``stats`` counts it: ``hit`` (restored, compiled nothing
+        new), ``partial`` (restored, then compiled new graphs), ``miss`` (nothing restored from
+        the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all)."""
+        if self.restored_packs:
+            return "hit" if self.fxgraph_misses == 0 else "partial"
+        if self.fxgraph_hits and not self.fxgraph_misses:
+            return "local"
+        return "miss"
 
     @property
     def degraded(self) -> list[str]:
@@ -84,9 +102,8 @@ class CacheReport:
             )
         else:
             parts.append("nothing to restore")
-        parts.append(
-            f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} from cache"
-        )
+        source = "from the restored packs" if self.restored_packs else "from torch's local cache"
+        parts.append(f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} {source}")
         if self.published_packs:
             parts.append(
                 f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
@@ -96,11 +113,12 @@ class CacheReport:
         degraded = self.degraded
         if degraded:
             parts.append(f"without torch capabilities {', '.join(degraded)}")
-        return f"key {self.key[:12]}: " + "; ".join(parts)
+        return f"key {self.key}: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["hit"] = self.hit
+        data["outcome"] = self.outcome
         data["degraded"] = self.degraded
         return data
 
@@ -125,7 +143,8 @@ class CacheSession:
     """One model's link to the store: restores at open, publishes after forwards that compiled."""
 
     def __init__(
-        self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None
+        self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -135,14 +154,17 @@ class CacheSession:
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "torch": torch.__version__,
             "device": _device_of(model),
-            # For `compile-cache ls`: the region groups, e.g. "GPT2Block x4".
+            # For `python -m compile_cache ls`: the region groups, e.g. "GPT2Block x4".
             "regions": ", ".join(
                 f"{g.class_name.rsplit('.', 1)[-1]} x{g.size}" for g in getattr(plan, "groups", ())
             ),
+            # What went into the key, readably (keys.key_fields): for `explain` and `ls`.
+            **(record or {}),
         }
+        self._counted: str | None = None  # the outcome counted in the store's stats so far
         kwargs = getattr(plan, "compile_kwargs", None) or {}
         #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
-        self._inductor = kwargs.get("backend", "inductor") == "inductor"
+        self._inductor = kwargs.get("backend") in (None, "inductor")
         self._capture: artifacts.Capture | None = None
         self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.Lock()
@@ -150,28 +172,42 @@ class CacheSession:
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
-        """Writes every pack of the key into the local Inductor/Triton dirs; counts hit or miss.
+        """Writes every pack of the key into the local Inductor/Triton dirs; explains a miss.
 
         Called at open, and again by the distributed flow once another rank has published (then
-        ``count=False`` adds to the report and counts only a hit, since the miss was counted).
+        ``count=False``: the restored packs replace the report's, and the miss is not explained
+        again). The start's outcome is counted once its first forward ends (:meth:`after_forward`).
         Restoring is idempotent: files already present with the same bytes are left alone.
         """
         start = time.perf_counter()
-        before = self.report.restored_packs
         packs = self.store.load(self.key)
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
         for pack in packs:
+            origin = recovery.origin(self.store, pack.info)
             try:
-                result = artifacts.restore(pack.members)
-            except (CompileCacheError, OSError) as exc:
+                result = artifacts.restore(pack.members, origin=origin)
+            except artifacts.UnrestorableMemberError as exc:
+                # The pack itself is bad for every node (a label no restore knows, a name no
+                # filesystem holds): set it aside once, instead of failing on every start.
+                self.report.errors.append(f"restore: pack {pack.info.name}: {exc}")
+                self.store.quarantine(pack.info, str(exc))
+                continue
+            except (CompileCacheError, OSError) as exc:  # this node's local dir (a planted link...)
                 self._error("restore", f"pack {pack.info.name}: {exc}")
                 continue
+            finally:
+                pack.close()
+            recovery.restored(origin, self.store, pack.info, self.report)
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += pack.info.data_bytes
         self.report.restore_seconds += time.perf_counter() - start
+        if self.report.restored_packs and self._inductor:
+            # A restored graph whose library torch cannot load compiles instead (and the pack is
+            # set aside): the hook around torch's load of a cached graph.
+            inductor_cache.guard_cache_loads(recovery.on_load_failure)
         answers: dict[str, bool] = {}
         for pack in packs:
             published = pack.info.metadata.get("isa_probe")
@@ -179,12 +215,8 @@ class CacheSession:
                 answers.update((k, v) for k, v in published.items() if isinstance(v, bool))
         if self.report.restored_packs and answers:
             artifacts.trust_restored_isa_answers(answers)
-        if count and self.report.restored_packs:
-            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
-        elif count:
-            self.store.record_miss(self.key)
-        elif self.report.restored_packs > before:
-            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
+        if count and not self.report.restored_packs:
+            self._explain_miss()
         self._capture = artifacts.Capture()
         self._counters = dynamo.CompileCounters.snapshot()
 
@@ -193,6 +225,9 @@ class CacheSession:
         """Publishes what a forward compiled; a forward that compiled nothing costs a few lookups."""
         now = dynamo.CompileCounters.snapshot()
         if now == self._counters:
+            if self._counted is None:
+                with self._lock:
+                    self._count_outcome()
             return
         with self._lock:
             diff = now.diff(self._counters)
@@ -201,10 +236,41 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if self._inductor:
                 dynamo.check_counters(diff)
+            self._count_outcome()
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
                 return
             self._publish(self._capture or artifacts.Capture(), seconds)
             self._capture = artifacts.Capture()
+
+    def _count_outcome(self) -> None:
+        """Counts this start in the store's stats, once: at the end of its first forward, and
+        again only to correct a hit that then compiled something (a partial hit) or a local-cache
+        hit that then compiled (a miss)."""
+        outcome = self.report.outcome
+        if outcome == self._counted:
+            return
+        if self._counted is None or (self._counted, outcome) in (("hit", "partial"), ("local", "miss")):
+            self.store.record_outcome(self.key, outcome, previous=self._counted,
+                                      nbytes=self.report.restored_bytes)
+            self._counted = outcome
+
+    def _explain_miss(self) -> None:
+        """Names why the key is not in the store (``report.miss_reason``), records the miss for
+        ``python -m compile_cache explain``, and warns once when entries of the same model are
+        there (a miss the user did not expect)."""
+        try:
+            explanation = explain(self.key, self._entry_info, misses.entry_records(self.store),
+                                  str(self.store.root))
+        except OSError as exc:
+            logger.debug("compile_cache: could not explain the miss of %s: %s", self.key, exc)
+            return
+        self.report.miss_reason = explanation.reason
+        misses.record_miss(self.store, self.key, self._entry_info, explanation.reason)
+        if explanation.candidates and (str(self.store.root), self.key) not in _explained:
+            _explained.add((str(self.store.root), self.key))
+            _warnings.warn(f"compile_cache: {explanation.reason}", CacheMissWarning)
+        else:
+            logger.info("compile_cache: %s", explanation.reason)
 
     def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
         try:
@@ -227,6 +293,7 @@ class CacheSession:
         info = self.store.publish(
             self.key,
             members,
+            member_info=getattr(capture, "recorded", None),
             metadata={
                 "fxgraph_misses": self.report.fxgraph_misses,
                 "precompile": self.precompile,
@@ -246,7 +313,10 @@ class CacheSession:
         entry = self.store.entry(self.key)
         if entry is None:
             return frozenset()
-        return frozenset(name for pack in entry.packs for name in pack.member_names)
+        # Only packs this reader can use: another signer's pack does not stand in for ours.
+        return frozenset(
+            name for pack in entry.packs if self.store.usable(pack) for name in pack.member_names
+        )
 
     def pack_metadata(self) -> list[dict[str, Any]]:
         """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
@@ -293,45 +363,21 @@ class CacheSession:
         finally:
             self._tags = previous
 
-    def lock(self, timeout: float | None) -> Any:
+    def lock(self, timeout: float | None, wait_alive: float | None = None) -> Any:
         """The store's lock of this key (only avoids duplicate compiles; never needed for
-        correctness)."""
-        return self.store.lock(self.key, timeout=timeout)
+        correctness); ``wait_alive``: wait past ``timeout`` while its holder's heartbeat is fresh."""
+        return self.store.lock(self.key, timeout=timeout, wait_alive=wait_alive)
+
+    def lock_failed(self, exc: BaseException) -> None:
+        """The lock could not be taken (a timeout, a lock file another user made, ENOLCK): the
+        caller compiles without it; counted (``lock_fallbacks``)."""
+        logger.warning("compile_cache: lock of %s not taken (%s: %s); compiling without it",
+                       self.key[:12], type(exc).__name__, exc)
+        self.store.record_lock_fallback(exc)
 
     def entry(self) -> EntryInfo | None:
         """The key's entry in the store now (its packs' names and metadata), or None."""
         return self.store.entry(self.key)
-
-    def packs_to_send(self, receiver_packs: list[set[str]]) -> list[dict[str, Any]]:
-        """The key's packs that at least one receiver lacks (``receiver_packs``: the pack names
-        each receiver holds), as plain data for ``broadcast_object_list``."""
-        out = []
-        for pack in self.store.load(self.key):
-            if receiver_packs and all(pack.info.name in have for have in receiver_packs):
-                continue
-            out.append(
-                {
-                    "members": pack.members,
-                    "metadata": dict(pack.header.get("metadata") or {}),
-                    "compile_seconds": pack.info.compile_seconds,
-                }
-            )
-        logger.info("compile_cache: broadcasting %d pack(s) of %s", len(out), self.key[:12])
-        return out
-
-    def publish_received(self, packs: list[dict[str, Any]]) -> int:
-        """Publish packs another rank sent (``packs_to_send``'s form) into this store; how many."""
-        count = 0
-        for pack in packs:
-            self.store.publish(
-                self.key,
-                pack["members"],
-                metadata=pack.get("metadata"),
-                entry_info=self._entry_info,
-                compile_seconds=float(pack.get("compile_seconds") or 0.0),
-            )
-            count += 1
-        return count
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
@@ -359,6 +405,7 @@ def _device_of(model: nn.Module) -> str:
 
 
 _fallbacks_counted: set[str] = set()
+_explained: set[tuple[str, str]] = set()  # (store, key) misses warned about in this process
 
 
 def _count_backend_fallback(store: Store) -> None:
@@ -376,24 +423,29 @@ def open_session(
     key: str,
     cache_dir: str | os.PathLike[str] | bool | None,
     precompile: bool,
+    record: dict[str, Any] | None = None,
 ) -> CacheSession | None:
     """Opens the store for ``model``'s ``key`` and restores its packs; None when the store is off.
 
     A store that cannot be used (I/O errors, a path that vanished) warns once and the job goes on
-    without it; a store whose permissions would let others plant code is refused (raises).
+    without it; a store whose permissions would let others plant code is refused (raises), and so
+    is a bad ``COMPILE_CACHE_*`` value (ConfigError: never a silently disabled store).
+    ``record``: what went into the key (:func:`compile_cache.keys.key_fields`), kept in the
+    entry's ``entry.json`` and used to explain a miss.
     """
     global _last_report
     if cache_dir is False:
         return None
+    local_dirs.secure_local_dirs()  # before anything is restored into them (also done by api)
     try:
         store = Store(None if cache_dir is None or cache_dir is True else cache_dir)
-    except UnsafeStoreError:
+    except (UnsafeStoreError, ConfigError):
         raise
     except (CompileCacheError, OSError) as exc:
         _warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}")
         return None
     _count_backend_fallback(store)
-    session = CacheSession(store, key, model, precompile, plan)
+    session = CacheSession(store, key, model, precompile, plan, record)
     isa.watch()  # what this process's probe answers goes into its packs
     try:
         session.restore()
@@ -411,3 +463,4 @@ def _reset() -> None:
     with _report_lock:
         _last_report = None
     _fallbacks_counted.clear()
+    _explained.clear()
