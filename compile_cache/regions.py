@@ -22,7 +22,7 @@
 * Each group is one ``torch.compile`` call with its own recompile bucket (``isolate_recompiles``),
   so the resume functions after a graph break (shared by every model of a block class) count only
   its entries. Blocks that take a transformers KV cache are called through
-  :class:`~compile_cache.torch_compat.kv_cache.CacheCalls`: one entry per phase (prefill, decode)
+  :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases.
 """
 
@@ -44,7 +44,7 @@ from torch import nn
 
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
-from .torch_compat import dynamo, kv_cache
+from .torch_compat import dynamo, kv_cache, kv_calls
 
 logger = logging.getLogger("compile_cache")
 
@@ -118,7 +118,7 @@ class _GroupState:
         self.started = False
         self.last_compiled: _RegionRunner | None = None
         self.region = -1  # the group's recompile bucket (dynamo.compile_group), -1: shared
-        self.cache_calls: kv_cache.CacheCalls | None = None  # blocks that take a KV cache
+        self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
         self.takes_cache = False
         self.eager_resumes: set[str] = set()
 
@@ -426,14 +426,10 @@ def install(
 def _prepare_group(state: _GroupState, block: nn.Module, kwargs: dict, precompile: bool) -> None:
     """The group's recompile limit (its size x phases, at least the user's or torch's limit) and,
     for blocks that take a KV cache, how they are called (the module doc)."""
-    cache_calls = kv_cache.CacheCalls.for_block(block.forward)
-    state.takes_cache = cache_calls is not None
+    state.takes_cache, state.cache_calls = kv_calls.CacheCalls.for_group(
+        block.forward, state.size, kwargs, state.varying)
     base = kwargs.get("recompile_limit") or dynamo.recompile_limit() or state.size
     state.limit = max(int(base), state.size * (kv_cache.PHASES if state.takes_cache else 1))
-    # One module (size 1) has no identical blocks to share with; fullgraph=True allows no break.
-    if cache_calls and state.size > 1 and not kwargs.get("fullgraph") and kv_cache.install():
-        state.cache_calls = cache_calls
-        cache_calls.mark_dynamic &= kwargs.get("dynamic") is not False  # dynamic=False: as asked
     if precompile and state.takes_cache:
         _warnings.warn(f"compile_cache: precompile is declined for {state.label}: its blocks take "
                        "a KV cache, whose update runs between two graphs, and precompiled code with "

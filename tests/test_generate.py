@@ -21,7 +21,7 @@ from torch import nn
 
 from compile_cache import compile_regions, get_plan, region_stats, torch_compat
 from compile_cache.regions import RegionEagerWarning, RegionRecompileWarning
-from compile_cache.torch_compat import TorchCompatWarning, kv_cache
+from compile_cache.torch_compat import TorchCompatWarning, kv_cache, kv_calls
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 REGION_WARNINGS = (RegionEagerWarning, RegionRecompileWarning)
@@ -173,7 +173,7 @@ def test_decode_past_the_recompile_limit_is_reported(counting_backend, tiny_llam
     """dynamic=False with a DynamicCache recompiles at every decode step: past the limit the block
     (with the view) or the part after the eager update (a resume function) runs uncompiled, and
     that is warned and counted, with the cache's advice."""
-    monkeypatch.setattr(kv_cache.CacheCalls, "use_views", views)
+    monkeypatch.setattr(kv_calls.CacheCalls, "use_views", views)
     model = tiny_llama(layers=2).eval()
     model.set_attn_implementation("sdpa")  # decode without a mask: only the KV length changes
     ids, mask = _prompts(1)
@@ -272,6 +272,53 @@ def test_blocks_updating_other_layers_than_expected_stay_correct(counting_backen
     assert calls.view_calls > 0  # block 1's decode steps went through its view of layer 3
 
 
+class _Rerouted(nn.Module):
+    """Two identical blocks; after the first decode step the model sends block 1 to a new cache
+    layer, by argument (``by="argument"``) or by changing its attribute (``by="attribute"``). A
+    view still bound to the layer block 1 first updated would write the wrong one."""
+
+    def __init__(self, by: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([_Attention(), _Attention()])
+        for index, block in enumerate(self.blocks):
+            block.layer_idx = index
+        self.by, self.step = by, 0
+
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        self.step += 1
+        if self.step == 3:  # the second decode step
+            self.blocks[1].layer_idx = 2
+        for block in self.blocks:
+            layer = block.layer_idx if self.by == "argument" else None
+            x = block(x, layer, cache=cache) if layer is not None else block(x, cache=cache)
+        return x
+
+
+class _AttentionByAttribute(_Attention):
+    def forward(self, x: torch.Tensor, layer_idx: int | None = None, cache=None) -> torch.Tensor:
+        return super().forward(x, self.layer_idx if layer_idx is None else layer_idx, cache)
+
+
+@pytest.mark.parametrize("by", ["argument", "attribute"])
+def test_a_block_sent_to_another_layer_mid_generation_stays_correct(counting_backend, by):
+    def build() -> _Rerouted:
+        model = _Rerouted(by).eval()
+        for block in model.blocks:
+            block.__class__ = _AttentionByAttribute
+        return model
+
+    ref = _decode(build(), steps=5)
+    model = build()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    out = _decode(model, steps=5)
+    for got, want in zip(out, ref, strict=True):
+        torch.testing.assert_close(got, want)
+    calls = model.blocks[0]._compiled_call_impl.state.cache_calls
+    assert calls.view_calls > 0  # the views were used before and after the change
+    assert calls.bindings[model.blocks[1]._compiled_call_impl] is None  # two layers: no more view
+
+
 def test_a_view_returned_by_a_block_acts_as_the_cache():
     from transformers import DynamicCache
 
@@ -279,7 +326,7 @@ def test_a_view_returned_by_a_block_acts_as_the_cache():
     k = torch.randn(1, 1, 2, 4)
     cache.update(k, k, 0)
     cache.update(k, k, 1)
-    view = kv_cache._make_view(cache, cache.layers[1])
+    view = kv_calls._make_view(cache, cache.layers[1])
     assert isinstance(view, DynamicCache) and view.get_seq_length() == 2 and len(view) == 2
     view.update(k, k, 1)  # bound: layer 1 only
     assert [layer.keys.shape[-2] for layer in cache.layers] == [2, 4]

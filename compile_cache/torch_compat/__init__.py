@@ -15,7 +15,8 @@ failures, cache entries, recompile limit, precompile, the OptimizedModule check)
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
-:mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks).
+:mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks) and
+:mod:`.kv_calls` (how a block with a cache is called: the eager update or a layer view).
 """
 
 from __future__ import annotations
