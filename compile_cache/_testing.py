@@ -26,6 +26,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.session",
     "compile_cache.recovery",
     "compile_cache.distributed",
+    "compile_cache.integrations.accelerate",
 )
 
 

@@ -19,6 +19,11 @@
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
   group and counted, never silent. Recompiles between identical blocks (a per-block attribute
   read by ``forward``) are reported with a ``RegionRecompileWarning``.
+* Each group is one ``torch.compile`` call with its own recompile bucket (``isolate_recompiles``),
+  so the resume functions after a graph break (shared by every model of a block class) count only
+  its entries. Blocks that take a transformers KV cache are called through
+  :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
+  whatever the number of layers; the recompile limit allows the group size x phases.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ import torch
 from torch import nn
 
 from . import _warnings
-from .plan import RegionPlan, abbreviate, check_module
-from .torch_compat import dynamo
+from .plan import RegionPlan, abbreviate, check_module, varying_attributes
+from .torch_compat import dynamo, kv_cache, kv_calls
 
 logger = logging.getLogger("compile_cache")
 
@@ -70,7 +75,6 @@ PER_CALL_RECOMPILE_LIMIT = "recompile_limit" in _COMPILE_KWARGS
 _LOCK = threading.Lock()
 _PLANS: weakref.WeakKeyDictionary[nn.Module, RegionPlan] = weakref.WeakKeyDictionary()
 _FUNCTIONS: dict[str, types.FunctionType] = {}
-
 
 
 def _trampoline(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -113,9 +117,26 @@ class _GroupState:
         self.warned_recompile = False
         self.started = False
         self.last_compiled: _RegionRunner | None = None
+        self.region = -1  # the group's recompile bucket (dynamo.compile_group), -1: shared
+        self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
+        self.takes_cache = False
+        self.eager_resumes: set[str] = set()
 
     def cache_entries(self) -> int:
-        return dynamo.cache_entries(self.code)
+        return dynamo.cache_entries(self.code, self.region)
+
+    def check_resumes(self) -> None:
+        """Something compiled during a call of this group. The part of a block after a graph
+        break is a resume function; at the recompile limit Dynamo runs it uncompiled for good,
+        which the trampoline does not see. Report each such one once."""
+        if self.region < 0:
+            return  # shared bucket: entries of other models would count
+        limit = self.limit or dynamo.recompile_limit() or 8
+        for name, entries in dynamo.resume_codes_at_limit(self.region, limit):
+            if name not in self.eager_resumes:
+                self.eager_resumes.add(name)
+                self.report_eager(None, f"the part after a graph break ({name}, {entries} compiled "
+                                  f"entries) hit the recompile limit ({limit}), for good")
 
     def on_recompile(self, reasons: list[str], runner: _RegionRunner) -> None:
         """The group's code recompiled during ``runner``'s call. Counted as a per-block recompile
@@ -136,24 +157,30 @@ class _GroupState:
         attrs = named_attrs or list(self.varying)
         what = "read by forward" if named_attrs else "that differ per block"
         named = f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
+        cause, fix = (kv_cache.recompile_advice(text, named) if self.takes_cache else None) or (
+            f"per-block values{named}; failing guard: {guards or 'unknown'}",
+            "Make forward not depend on per-block attributes to share one graph",
+        )
         msg = (
-            f"compile_cache: identical blocks of {self.label} recompile per block{named}; failing "
-            f"guard: {guards or 'unknown'}. Each block gets its own compiled entry (the "
-            f"recompile limit allows at least the group size, {self.size}); make forward not "
-            f"depend on per-block attributes to share one graph. TORCH_LOGS=recompiles shows "
-            f"details."
+            f"compile_cache: identical blocks of {self.label} recompile per block: {cause}. "
+            f"Each block gets its own compiled entry, up to the recompile limit "
+            f"({self.limit or self.size}, at least the group size x phases); past it the blocks "
+            f"run uncompiled. {fix}. TORCH_LOGS=recompiles shows details."
         )
         _warnings.warn(msg, RegionRecompileWarning)
 
-    def report_eager(self, module: nn.Module) -> None:
+    def report_eager(self, module: nn.Module | None, reason: str | None = None) -> None:
         with _LOCK:
             self.eager_calls += 1
-            if self.warned_eager:
+            if self.warned_eager and reason is None:
                 return
             self.warned_eager = True
-        reason = _eager_reason(self)
+        reason = reason or _eager_reason(self)
+        if self.takes_cache and "recompile limit" in reason:
+            reason += kv_cache.LIMIT_HINT
+        what = f" ({type(module).__name__})" if module is not None else ""
         msg = (
-            f"compile_cache: region {self.label} ({type(module).__name__}) ran UNCOMPILED: "
+            f"compile_cache: region {self.label}{what} ran UNCOMPILED: "
             f"{reason}. The model still computes the right values, but eagerly."
         )
         _warnings.warn(msg, RegionEagerWarning)
@@ -190,25 +217,6 @@ def _eager_reason(state: _GroupState) -> str:
     )
 
 
-_PRIMITIVES = (int, float, bool, str, type(None))
-
-
-def _varying_attributes(members: list[nn.Module]) -> tuple[str, ...]:
-    """Primitive attributes (``layer_idx``, ``self_attn.layer_idx``) whose values differ between
-    the members of a group: the usual cause of per-block recompiles."""
-    if len(members) < 2:
-        return ()
-    values: dict[str, set] = {}
-    for member in members:
-        for sub_name, sub in member.named_modules():
-            for attr, value in vars(sub).items():
-                if attr.startswith("_") or not isinstance(value, _PRIMITIVES):
-                    continue
-                key = f"{sub_name}.{attr}" if sub_name else attr
-                values.setdefault(key, set()).add((type(value).__name__, value))
-    return tuple(sorted(k for k, v in values.items() if len(v) > 1))
-
-
 def _ran_eager(module: nn.Module) -> None:
     runner = _installed(module)
     if isinstance(runner, _RegionRunner):
@@ -239,9 +247,15 @@ class _RegionRunner:
         start = time.perf_counter() if on_end is not None else 0.0
         failures = self.failures.get(self.code)
         before = len(failures) if failures is not None else 0
-        out = self.compiled(*args, **kwargs)
-        failures = self.failures.get(self.code)
         state = self.state
+        frames = dynamo.frames_seen()
+        if state.cache_calls is not None:
+            out = state.cache_calls.call(self, self.compiled, args, kwargs)
+        else:
+            out = self.compiled(*args, **kwargs)
+        if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
+            state.check_resumes()
+        failures = self.failures.get(self.code)
         if failures is not None and len(failures) > before:
             state.on_recompile(failures[before:], self)
         elif state.started:
@@ -280,6 +294,8 @@ def _installed(module: nn.Module) -> Any:
 def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):  # else id() of a new tuple: a second call never matched
+        return tuple(_freeze(v) for v in value)
     try:
         hash(value)
         return value
@@ -350,10 +366,6 @@ def install(
     for name, (code_name, _, _) in wanted.items():
         wanted_members.setdefault(code_name, []).append(name)
     frozen = _freeze((kwargs, precompile))
-    user_limit = kwargs.get("recompile_limit")
-    largest = max((g.size for g in plan.groups), default=1)
-    if not disabled and not PER_CALL_RECOMPILE_LIMIT:
-        dynamo.raise_recompile_limit(largest)
     states: dict[str, _GroupState] = {}
     packaged: set[str] = set()  # groups whose precompile package is already installed
     for name, (code_name, label, size) in wanted.items():
@@ -362,29 +374,37 @@ def install(
         state = states.get(code_name)
         if state is None:
             members = [modules[n] for n in wanted_members.get(code_name, [name])]
-            varying = _varying_attributes(members)
+            varying = varying_attributes(members)
             state = states[code_name] = _GroupState(label, fn.__code__, size, varying)
+            _prepare_group(state, mod, kwargs, precompile)
         existing = _installed(mod)
         key = (code_name, frozen)
+        group_precompile = precompile and not state.takes_cache
         if isinstance(existing, _RegionRunner) and existing.key == key:
             compiled = existing.compiled  # called again with the same keywords: keep it
+            state.region = existing.state.region
         else:
             if existing is not None and not isinstance(existing, _RegionRunner):
                 logger.info("compile_cache: replacing an earlier compile of %s", name or "<root>")
-            call_kwargs = _with_precompile(kwargs) if precompile else dict(kwargs)
+            call_kwargs = _with_precompile(kwargs) if group_precompile else dict(kwargs)
             if PER_CALL_RECOMPILE_LIMIT:
-                base = user_limit if user_limit is not None else dynamo.recompile_limit()
-                call_kwargs["recompile_limit"] = state.limit = max(int(base or size), size)
+                call_kwargs["recompile_limit"] = state.limit
+            # One compile per group and keywords, shared like the code object (by fingerprint).
+            group = None if group_precompile else dynamo.compile_group(fn, key, **call_kwargs)
+            if group is not None:
+                compiled, state.region = types.MethodType(group[0], mod), group[1]
+                mod._compiled_call_impl = _RegionRunner(compiled, state, key)
+                continue
             # One precompile package per group: the blocks share the group's code object, so the
             # first block's package installs (and later saves) the entries for all of them; a
             # package per block would deserialize the same entries once per block.
-            shares_package = precompile and code_name in packaged
+            shares_package = group_precompile and code_name in packaged
             try:
                 with dynamo.precompile_disabled() if shares_package else contextlib.nullcontext():
                     compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
                 packaged.add(code_name)
             except Exception as exc:  # torch's precompile loader does not catch everything
-                if not precompile:
+                if not group_precompile:
                     raise
                 if on_precompile_error is not None:
                     on_precompile_error(name, exc)
@@ -394,9 +414,26 @@ def install(
                 with dynamo.precompile_disabled():
                     compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
+    if states and not PER_CALL_RECOMPILE_LIMIT:
+        dynamo.raise_recompile_limit(max(st.limit for st in states.values()))
+    if any(st.takes_cache for st in states.values()):
+        kv_cache.disable_generate_autocompile(model)
     with _LOCK:
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
+
+
+def _prepare_group(state: _GroupState, block: nn.Module, kwargs: dict, precompile: bool) -> None:
+    """The group's recompile limit (its size x phases, at least the user's or torch's limit) and,
+    for blocks that take a KV cache, how they are called (the module doc)."""
+    state.takes_cache, state.cache_calls = kv_calls.CacheCalls.for_group(
+        block.forward, state.size, kwargs, state.varying)
+    base = kwargs.get("recompile_limit") or dynamo.recompile_limit() or state.size
+    state.limit = max(int(base), state.size * (kv_cache.PHASES if state.takes_cache else 1))
+    if precompile and state.takes_cache:
+        _warnings.warn(f"compile_cache: precompile is declined for {state.label}: its blocks take "
+                       "a KV cache, whose update runs between two graphs, and precompiled code with "
+                       "that graph break is not proven yet; it compiles normally (traced each start)")
 
 
 _clock = threading.local()

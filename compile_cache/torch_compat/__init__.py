@@ -14,7 +14,9 @@ compile_cache imports no private torch module. Modules: :mod:`.dynamo` (counters
 failures, cache entries, recompile limit, precompile, the OptimizedModule check),
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.c10d` (the default c10d store),
-:mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts).
+:mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
+:mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks) and
+:mod:`.kv_calls` (how a block with a cache is called: the eager update or a layer view).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "inductor_cache", "isa", "c10d", "configs")
+MODULES = ("dynamo", "inductor_cache", "isa", "c10d", "configs", "kv_cache")
 
 
 class TorchCompatWarning(RuntimeWarning):
