@@ -284,8 +284,8 @@ TRUST_LOCAL_DIRS = _register(Variable(
 # -- a store on object storage (COMPILE_CACHE_DIR=s3://...)
 LOCAL_TIER = _register(Variable(
     "COMPILE_CACHE_LOCAL_TIER", "path", None,
-    "an object-storage store's local read-through tier (default: "
-    "$XDG_CACHE_HOME/compile_cache/remote/<hash of the URL>); bounded by COMPILE_CACHE_MAX_SIZE",
+    "where a store on object storage keeps its local read-through tier, one directory per URL "
+    "(default $XDG_CACHE_HOME/compile_cache/remote); bounded by COMPILE_CACHE_MAX_SIZE",
     "a directory path", _text,
 ))
 REMOTE_RETRIES = _register(Variable(

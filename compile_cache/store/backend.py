@@ -112,7 +112,8 @@ class FsspecBackend:
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         except ImportError as exc:
-            raise StoreError(f"compile cache {redact(url)}: {exc} (pip install 'compile-cache[s3]')") from None
+            raise StoreError(f"compile cache {redact(url)}: {exc} (pip install 'compile-cache[s3]' for "
+                             "s3://, gcsfs for gs://, adlfs for az://)") from None
         except (ValueError, TypeError) as exc:
             raise StoreError(f"compile cache {redact(url)}: not a usable store URL: {exc}") from None
         self.root = self.root.rstrip("/")

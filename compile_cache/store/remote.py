@@ -2,7 +2,7 @@
 
 A :class:`~compile_cache.store.Store` opened on ``s3://bucket/prefix`` (or ``gs://``, ``az://``,
 ``memory://``) is an ordinary directory store, its *local tier* (``COMPILE_CACHE_LOCAL_TIER``,
-default ``$XDG_CACHE_HOME/compile_cache/remote/<hash of the URL>``, bounded by the store's size
+default ``$XDG_CACHE_HOME/compile_cache/remote``, one directory per URL by its hash, bounded by the store's size
 cap), with a :class:`RemoteTier` behind it:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
@@ -61,14 +61,15 @@ _CONDITIONAL_PUT_MAX = 64 << 20
 
 
 def local_tier_dir(url: str) -> Path:
-    """The local tier of the store at ``url``: ``COMPILE_CACHE_LOCAL_TIER``, else under the XDG
-    cache (or ``~/.cache``) by a hash of the URL, so two URLs never share a tier."""
+    """The local tier of the store at ``url``: under ``COMPILE_CACHE_LOCAL_TIER``, else under the
+    XDG cache (or ``~/.cache``) ``compile_cache/remote/``, by a hash of the URL, so two URLs
+    never share a tier."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     chosen = (config.LOCAL_TIER.value() or "").strip()
     if chosen:
-        return Path(chosen).expanduser().absolute()
+        return Path(chosen).expanduser().absolute() / digest
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return base / "compile_cache" / "remote" / digest
 
 
