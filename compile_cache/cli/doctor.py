@@ -87,7 +87,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..keys import environment, environment_digest
     from ..locks import filesystem_type, lock_mode_for
     from ..store import Store, misses
-    from ..store.safety import describe_dir, remote_location, resolve_location
+    from ..store.remote import remote_location
+    from ..store.safety import describe_dir, resolve_location
 
     remote: dict[str, Any] | None = None
     try:

@@ -45,7 +45,8 @@ from .pack import (
 )
 from .reader import CheckedPack
 from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
-from .safety import check_tree, remote_location, resolve_location
+from .remote import remote_location
+from .safety import check_tree, resolve_location
 
 __all__ = ["DEFAULT_MAX_SIZE", "Store"]
 
@@ -56,7 +57,7 @@ DEFAULT_MAX_SIZE: int = config.MAX_SIZE.default
 
 
 class Store:
-    """The artifact store at ``path`` (see :func:`resolve_location` for the default).
+    """The store at ``path``: a directory, or a URL such as ``s3://bucket/prefix`` (:mod:`.remote`).
 
     ``max_size``: size cap (int bytes or ``"20G"``); default ``COMPILE_CACHE_MAX_SIZE`` or 20 GiB;
     ``0`` means no cap. ``read_only``: default ``COMPILE_CACHE_READ_ONLY``; a store that exists
@@ -252,11 +253,10 @@ class Store:
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus the store's size, cap and location.
 
-        Keys: every counter of :data:`~compile_cache.store.stats.COUNTERS` (``hits``, ``misses``,
-        ``errors``, ``corrupt``, ``remote_errors``...), ``errors_by_kind``, ``hit_rate``,
-        ``entries``, ``packs``, ``size``, ``max_size``, ``size_human``, ``max_size_human``,
-        ``quarantined``, ``location``, ``location_source``, ``read_only``, ``read_only_reason``,
-        ``lock_mode``; a store on object storage adds ``local_tier`` and ``local_tier_size``.
+        Keys: every counter of :data:`~compile_cache.store.stats.COUNTERS`, ``errors_by_kind``,
+        ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``, ``size_human``,
+        ``max_size_human``, ``quarantined``, ``location``, ``location_source``, ``read_only``,
+        ``read_only_reason``, ``lock_mode``; on object storage also ``local_tier(_size)``.
         """
         return self.remote.summary(self, stats.summary(self)) if self.remote else stats.summary(self)
 

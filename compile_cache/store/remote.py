@@ -39,7 +39,7 @@ from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance
 from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
-from .backend import FsspecBackend, RemoteError, TooLargeError, redact
+from .backend import FsspecBackend, RemoteError, TooLargeError, is_url, redact
 from .layout import RemoteEntry, RemoteLayout
 from .pack import IncompatiblePackError, SignatureMismatchError, read_pack_header_from
 from .records import EntryInfo, PackInfo, VerifyReport
@@ -48,7 +48,7 @@ from .stats import COUNTERS, add_counts
 if TYPE_CHECKING:
     from .core import Store
 
-__all__ = ["RemoteTier", "local_tier_dir"]
+__all__ = ["RemoteTier", "local_tier_dir", "remote_location"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -71,6 +71,17 @@ def local_tier_dir(url: str) -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "compile_cache" / "remote" / digest
+
+
+def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteTier | None, Any, str | None]:
+    """For a store on object storage (the ``path`` argument or ``COMPILE_CACHE_DIR`` is a URL
+    such as ``s3://bucket/prefix``): ``(RemoteTier, its local tier directory, source)``; for a
+    directory: ``(None, path, None)``. fsspec is imported only here, and only for a URL."""
+    text, source = (path, "argument") if path is not None else (config.DIR.value(), "COMPILE_CACHE_DIR")
+    if not is_url(text):
+        return None, path, None
+    tier = RemoteTier(str(text).strip())
+    return tier, tier.local_root, source
 
 
 class RemoteTier:

@@ -24,7 +24,6 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import config
 from ..errors import UnsafeStoreError
@@ -37,7 +36,6 @@ __all__ = [
     "check_tree",
     "describe_dir",
     "describe_owner",
-    "remote_location",
     "resolve_location",
     "trust_problem",
 ]
@@ -59,21 +57,6 @@ def resolve_location(path: str | os.PathLike[str] | None = None) -> tuple[Path, 
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "compile_cache", "XDG_CACHE_HOME"
     return Path.home() / ".cache" / "compile_cache", "default"
-
-
-def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[Any, Any, str | None]:
-    """For a store on object storage (the ``path`` argument or ``COMPILE_CACHE_DIR`` is a URL
-    such as ``s3://bucket/prefix``): ``(RemoteTier, its local tier directory, source)``; for a
-    directory: ``(None, path, None)``. fsspec is imported only here, and only for a URL."""
-    from .backend import is_url
-
-    text, source = (path, "argument") if path is not None else (config.DIR.value(), "COMPILE_CACHE_DIR")
-    if not is_url(text):
-        return None, path, None
-    from .remote import RemoteTier
-
-    tier = RemoteTier(str(text).strip())
-    return tier, tier.local_root, source
 
 
 @dataclass(frozen=True)
