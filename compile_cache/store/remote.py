@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -37,12 +38,16 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from .._paths import temp_path
 from ..errors import CorruptPackError
-from . import maintenance
+from . import maintenance, remote_verify
 from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
 from .backend import FsspecBackend, RemoteError, TooLargeError, is_url, redact
 from .layout import RemoteEntry, RemoteLayout
-from .pack import IncompatiblePackError, SignatureMismatchError, read_pack_header_from
+from .pack import (
+    MAX_HEADER_BYTES,
+    read_pack_header_from,
+)
 from .records import EntryInfo, PackInfo, VerifyReport
+from .remote_verify import check_downloaded, json_ok
 from .stats import COUNTERS, add_counts
 
 if TYPE_CHECKING:
@@ -130,7 +135,7 @@ class RemoteTier:
             local_json = store.layout.entry_json(key)
             if entry.entry_json is not None and not local_json.exists():
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-                if data is not None and _json_ok(data):
+                if data is not None and json_ok(data):
                     store._write(local_json, data, fsync=False)
             moved = downloaded = 0
             for name in missing:
@@ -170,7 +175,7 @@ class RemoteTier:
                     return 0
                 out.flush()
                 os.fsync(out.fileno())
-            problem = _check_downloaded(store, tmp, key, name)
+            problem = check_downloaded(store, tmp, key, name)
             if problem is not None:
                 self._corrupt(store, key, name, problem, tmp)
                 return 0
@@ -282,7 +287,7 @@ class RemoteTier:
         metadata: dict[str, Any] = {}
         if entry.entry_json is not None:
             data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-            if data is not None and _json_ok(data):
+            if data is not None and json_ok(data):
                 metadata = json.loads(data)
         packs = []
         for name, size in entry.packs.items():
@@ -292,14 +297,25 @@ class RemoteTier:
                     with open_nofollow(local) as fh:
                         header, signed, _ = read_pack_header_from(fh)
                 else:
-                    with self.backend.open(self.layout.pack_object(key, name)) as fh:
-                        header, signed, _ = read_pack_header_from(fh)
+                    header, signed = self._remote_header(key, name)
             except (OSError, CorruptPackError):
                 continue
             packs.append(PackInfo._from_header(key, name, local, size, header, signed))
         created = float(metadata.get("created") or 0.0) or min([p.created for p in packs] or [entry.newest])
         return EntryInfo(key=key, metadata=metadata, packs=tuple(packs), size=entry.size,
                          created=created, last_used=entry.last_used, path=store.layout.entry_dir(key))
+
+    def _remote_header(self, key: str, name: str) -> tuple[dict[str, Any], bool]:
+        """A pack object's header from its first bytes (a second, longer read if it is long)."""
+        obj = self.layout.pack_object(key, name)
+        for n in (1 << 16, MAX_HEADER_BYTES + 64):
+            try:
+                header, signed, _ = read_pack_header_from(io.BytesIO(self.backend.head(obj, n)))
+                return header, signed
+            except CorruptPackError:
+                if n > 1 << 16:
+                    raise
+        raise CorruptPackError("unreadable pack header")  # not reached
 
     def entries(self, store: Store) -> list[EntryInfo]:
         return [self.entry_info(store, e) for e in self.listing().values()]
@@ -312,7 +328,7 @@ class RemoteTier:
             if full == self._stats_object or not full.endswith(".json"):
                 continue
             data = self.backend.get(full, MAX_JSON_BYTES)
-            if data is not None and _json_ok(data):
+            if data is not None and json_ok(data):
                 add_counts(totals, json.loads(data))
             elif data is not None:
                 add_counts(totals, {"errors": 1, "errors_by_kind": {"stats_file": 1}})
@@ -401,89 +417,5 @@ class RemoteTier:
         return len(entries)
 
     def verify(self, store: Store, fix: bool, temp_age: float, labels: Any) -> VerifyReport:
-        """``Store.verify`` on the URL: every pack object downloaded and checked as a load checks
-        it (and its content name), every entry.json and counters object parsed."""
-        report = VerifyReport(fixed=bool(fix))
-        now = time.time()
-        for key, entry in self.listing().items():
-            report.checked_entries += 1
-            if entry.entry_json is not None:
-                data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-                if data is not None and not _json_ok(data):
-                    report.bad_entries.append(f"{self.display}/{self.layout.entry_json(key)}")
-                    if fix:
-                        self.backend.delete([self.layout.entry_json(key)])
-            for name in entry.packs:
-                report.checked_packs += 1
-                problem = self._check_object(store, key, name, labels, fix)
-                if isinstance(problem, IncompatiblePackError):
-                    report.incompatible_packs.append(f"{self.display}/{self.layout.pack_object(key, name)}")
-                elif isinstance(problem, SignatureMismatchError):
-                    report.other_signer_packs.append(f"{self.display}/{self.layout.pack_object(key, name)}")
-                elif problem is not None:
-                    report.corrupt_packs.append((f"{self.display}/{self.layout.pack_object(key, name)}", str(problem)))
-            if not entry.packs and now - entry.newest > temp_age:
-                report.empty_entries.append(f"{self.display}/{self.layout.entry_dir(key)}")
-                if fix:
-                    self.backend.delete(self._objects(key))
-        for full in self.backend.list(self.layout.stats_dir):
-            data = self.backend.get(full, MAX_JSON_BYTES)
-            if data is not None and not _json_ok(data):
-                report.bad_stats.append(f"{self.display}/{full}")
-                if fix:
-                    self.backend.delete([full])
-        if fix:
-            self._prune_quarantine(maintenance.QUARANTINE_KEEP)
-        return report  # type: ignore[return-value]
-
-    def _check_object(self, store: Store, key: str, name: str, labels: Any, fix: bool) -> BaseException | None:
-        """Download one pack object to a temp file and check it; its problem, or None. With
-        ``fix`` a corrupt one goes to the URL's quarantine."""
-        store._mkdirs(store.layout.tmp_dir)
-        tmp = temp_path(store.layout.tmp_dir / f"verify-{name}.pack")
-        try:
-            with open(tmp, "w+b") as out:
-                try:
-                    self.backend.download(self.layout.pack_object(key, name), out, store.limits.max_pack_size)
-                except FileNotFoundError:
-                    return None
-                except TooLargeError as exc:
-                    problem: BaseException | None = CorruptPackError(str(exc))
-                else:
-                    problem = None
-            if problem is None:
-                problem = _check_downloaded(store, tmp, key, name, labels, keep_other=False)
-            if problem is not None and fix and not isinstance(problem, (IncompatiblePackError, SignatureMismatchError)):
-                self.backend.put_file(self.layout.quarantine_object(key, name), str(tmp))
-                self.backend.delete([self.layout.pack_object(key, name)])
-                store._bump(corrupt=1)
-            return problem
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-
-def _json_ok(data: bytes) -> bool:
-    try:
-        return isinstance(json.loads(data), dict)
-    except (ValueError, UnicodeDecodeError):
-        return False
-
-
-def _check_downloaded(store: Store, path: Path, key: str, name: str, labels: Any = None,
-                      *, keep_other: bool = True) -> BaseException | None:
-    """The checks a load makes, plus the content name; None if the pack may be used. A pack of
-    another format version or signer is not corrupt (``keep_other``: None, the load skips it)."""
-    try:
-        fh = open_nofollow(path)
-        checked = store._check_pack(path, fh, key, labels)
-        try:
-            if checked.content_hash() != name:
-                return CorruptPackError(f"its content does not match its name {name}")
-        finally:
-            checked.close()
-    except (IncompatiblePackError, SignatureMismatchError) as exc:
-        return None if keep_other else exc
-    except (CorruptPackError, OSError) as exc:
-        return exc
-    return None
+        """``Store.verify`` on the URL (:mod:`.remote_verify`)."""
+        return remote_verify.verify(self, store, fix, temp_age, labels)
