@@ -231,6 +231,20 @@ def test_a_corrupt_object_is_counted_quarantined_and_skipped(s3_url: str, tmp_pa
     assert Store(s3_url).load(K1) == [] and Store(s3_url).stats()["corrupt"] == 1
 
 
+def test_a_pack_over_this_readers_limit_is_refused_and_left_for_others(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = Store(s3_url).publish(K1, {"inductor/fxgraph/ab/big": os.urandom(50_000)}, compile_seconds=1.0)
+    monkeypatch.setenv("COMPILE_CACHE_MAX_PACK_SIZE", "10K")
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert reader.load(K1) == []
+    assert any("skipped" in m for m in store_warnings_of(shown))
+    assert reader.stats()["corrupt"] == 1 and not reader.layout.pack_paths(K1)
+    assert info.name in reader.remote.listing()[K1].packs  # a reader with a larger limit uses it
+
+
 def test_an_unreachable_store_is_a_miss_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from _s3_server import free_port
 

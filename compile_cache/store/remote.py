@@ -42,10 +42,7 @@ from . import maintenance, remote_verify
 from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
 from .backend import FsspecBackend, RemoteError, TooLargeError, is_url, redact
 from .layout import RemoteEntry, RemoteLayout
-from .pack import (
-    MAX_HEADER_BYTES,
-    read_pack_header_from,
-)
+from .pack import MAX_HEADER_BYTES, PackLimitError, read_pack_header_from
 from .records import EntryInfo, PackInfo, VerifyReport
 from .remote_verify import check_downloaded, json_ok
 from .stats import COUNTERS, add_counts
@@ -171,13 +168,14 @@ class RemoteTier:
                 except FileNotFoundError:
                     return 0  # evicted meanwhile: a miss for this pack
                 except TooLargeError as exc:
-                    self._corrupt(store, key, name, exc, None)
+                    self._corrupt(store, key, name, exc, None, keep=True)
                     return 0
                 out.flush()
                 os.fsync(out.fileno())
             problem = check_downloaded(store, tmp, key, name)
             if problem is not None:
-                self._corrupt(store, key, name, problem, tmp)
+                # Over this reader's limits is not broken for every reader: left in place.
+                self._corrupt(store, key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
                 return 0
             os.replace(tmp, target)
             return size
@@ -185,16 +183,17 @@ class RemoteTier:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
-    def _corrupt(self, store: Store, key: str, name: str, exc: BaseException, local: Path | None) -> None:
+    def _corrupt(self, store: Store, key: str, name: str, exc: BaseException, local: Path | None,
+                 *, keep: bool = False) -> None:
         """A pack object that fails its checks: counted, warned once, moved to the URL's
-        quarantine (kept there a week for inspection), or skipped by this process."""
+        quarantine (kept there a week for inspection), or (``keep``, read-only) skipped by this
+        process."""
         where = "skipped"
-        if not store.read_only:
+        if not store.read_only and not keep and local is not None:
             try:
-                if local is not None:
-                    self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
+                self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
                 self.backend.delete([self.layout.pack_object(key, name)])
-                where = "moved to the store's quarantine" if local is not None else "removed"
+                where = "moved to the store's quarantine"
             except RemoteError as err:
                 logger.debug("could not set %s aside: %s", name, err)
         if where == "skipped":
