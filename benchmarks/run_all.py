@@ -98,11 +98,19 @@ BENCHMARKS: dict[str, dict] = {
         "file": "generate.json",
         "heading": "## Generation",
     },
+    "remote": {
+        "script": "bench_remote.py",
+        "args": ["--models", "4x256", "--repeats", "3"],
+        "smoke": ["--models", "2x64", "--seq", "16", "--repeats", "1"],
+        "file": "remote.json",
+        "heading": "## Object storage",
+    },
 }
-DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks", "cli", "generate")
+DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks", "cli", "generate", "remote")
 # Order of the measured sections when one is added to RESULTS.md for the first time.
 SECTION_ORDER = ("## Regional compilation", "## Fingerprint", "## Cold start",
                  "## Cold start (GPU)", "## Ranks", "## Command line", "## Generation",
+                 "## Object storage",
                  "## Reliability")
 
 # torch's own caches on an H200 with torch 2.11, Llama-3.2-1B shape, bf16, batch 1 x 128
@@ -547,6 +555,31 @@ from eager's (near-tied logits of random weights); the tests check equality in f
 """ + "\n".join(goals)
 
 
+def section_remote(data: dict) -> str:
+    rows = []
+    for r in data.get("rows", []):
+        for label, name in (("dir", "directory store"), ("s3", "S3 (moto, 127.0.0.1)")):
+            d = r[label]
+            rows.append([r["model"], name, _fmt(d["ttfo_s"]), _fmt(d["process_s"]), d["fxgraph_miss"],
+                         f"{int(d['bytes_moved']):,}"])
+    ratios = "; ".join(f"{r['model']}: **{r['ratio']:.2f}x** ({'met' if r['goal_met'] else 'not met'})"
+                       for r in data.get("rows", []) if r.get("ratio") is not None)
+    table = _table(["model", "store", "TTFO s (median)", "process s", "FX-graph misses",
+                    "bytes moved per start"], rows)
+    return f"""`benchmarks/bench_remote.py`: GPT-2 (random weights, CPU, batch 1 x {data.get('seq', '?')}),
+fresh-node time to first output restoring from a directory store and from `s3://` on moto's
+S3 server on 127.0.0.1 (the same packs: exported from the directory store, imported into S3),
+alternately, median of {data.get('repeats', '?')} fresh nodes each (new TMPDIR, HOME,
+XDG_CACHE_HOME, Inductor/Triton dirs and an empty local tier). Bytes moved: S3, downloaded plus
+uploaded (the local tier's counters); directory, the member bytes restored.
+
+{_provenance(data, "python benchmarks/bench_remote.py --json")}
+
+{table}
+
+Goal: S3 at most {data.get('goal', 1.1)}x the directory store: {ratios or '-'}."""
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {
     "fingerprint": section_fingerprint,
     "regions": section_regions,
@@ -555,6 +588,7 @@ SECTIONS: dict[str, Callable[[dict], str]] = {
     "ranks": section_ranks,
     "cli": section_cli,
     "generate": section_generate,
+    "remote": section_remote,
 }
 
 

@@ -243,3 +243,21 @@ def test_generate_section_shows_each_variant_and_each_goal(tmp_path):
     assert "full compile's: **0.45** (goal <= 0.5: met)" in text
     assert "(1.2 x eager's + 2 s): **3.10** (goal <= 1.0: not met)" in text
     assert "--width 256 --rounds 3 --json" in text
+
+
+def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
+    side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
+            "fxgraph_hit": 3, "bytes_moved": 1234567, "remote_errors": 0}
+    data = {"benchmark": "remote", "machine": MACHINE, "seq": 128, "repeats": 3, "goal": 1.1,
+            "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
+            "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side,
+                      "s3": {**side, "ttfo_s": 2.4}, "ratio": 1.2, "goal_met": False}]}
+    (tmp_path / "remote.json").write_text(json.dumps(data))
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmark results\n\n## Reliability\n\nkept\n")
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
+                         "--no-charts"]) == 0
+    text = md.read_text()
+    assert text.index("## Object storage") < text.index("## Reliability")
+    assert "S3 (moto, 127.0.0.1)" in text and "directory store" in text
+    assert "1,234,567" in text and "**1.20x** (not met)" in text

@@ -78,6 +78,12 @@ COUNTERS: tuple[str, ...] = (
     "load_failures",
     "lock_fallbacks",
     "untrusted",
+    # a store on object storage (compile_cache.store.remote)
+    "remote_errors",
+    "remote_downloads",
+    "bytes_downloaded",
+    "remote_uploads",
+    "bytes_uploaded",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 #: a start's outcome -> the counter it bumps
@@ -108,6 +114,8 @@ def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]
 def bump(store: Store, delta: Mapping[str, Any]) -> None:
     """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
     add_counts(store._pending, delta)
+    if getattr(store, "remote", None) is not None:
+        store.remote.count(store, dict(delta))  # the URL's counters (this process's object)
     if store.read_only or not store.layout.base.is_dir():
         return  # kept in memory: a vanished store is not re-created just for counters
     n = shard_index()
