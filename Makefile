@@ -15,7 +15,7 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,bench]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,bench,s3]"
 	touch $(STAMP)
 
 demo: install

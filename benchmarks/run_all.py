@@ -90,11 +90,28 @@ BENCHMARKS: dict[str, dict] = {
         "file": "cli.json",
         "heading": "## Command line",
     },
+    "generate": {  # 4 layers x 2048 (Llama-3.2-1B's width) takes long on CPU: --width 256 here
+        "script": "bench_generate.py",
+        "args": ["--width", "256", "--rounds", "3"],
+        "smoke": ["--width", "64", "--new", "8", "--warm-runs", "1", "--variants",
+                  "eager,ours,ours_store"],
+        "file": "generate.json",
+        "heading": "## Generation",
+    },
+    "remote": {
+        "script": "bench_remote.py",
+        "args": ["--models", "4x256", "--repeats", "3"],
+        "smoke": ["--models", "2x64", "--seq", "16", "--repeats", "1"],
+        "file": "remote.json",
+        "heading": "## Object storage",
+    },
 }
-DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks", "cli")
+DEFAULT_RUN = ("fingerprint", "regions", "cold_start", "ranks", "cli", "generate", "remote")
 # Order of the measured sections when one is added to RESULTS.md for the first time.
 SECTION_ORDER = ("## Regional compilation", "## Fingerprint", "## Cold start",
-                 "## Cold start (GPU)", "## Ranks", "## Command line", "## Reliability")
+                 "## Cold start (GPU)", "## Ranks", "## Command line", "## Generation",
+                 "## Object storage",
+                 "## Reliability")
 
 # torch's own caches on an H200 with torch 2.11, Llama-3.2-1B shape, bf16, batch 1 x 128
 # (docs: /work/shared/DESIGN.md section 1): the reference for the GPU section.
@@ -502,6 +519,67 @@ during the run (CPU time is the cost that does not depend on sharing the cores).
 Goal: `ls` and `stats` under {data.get('goal_s', 0.3)} s wall each: **{verdict}**."""
 
 
+def section_generate(data: dict) -> str:
+    import bench_generate
+
+    cfg = data.get("config", {})
+    rows = [[r["variant"], r.get("error")] + [None] * 7 if "error" in r else
+            [r["variant"], _fmt(r.get("cold_ttft_s")), _fmt(r.get("cold_generate_s")),
+             _fmt(r.get("warm_generate_s"), 3), _fmt(r.get("decode_tok_s"), 1),
+             r.get("unique_graphs"), f"{r.get('fxgraph_hit')}/{r.get('fxgraph_miss')}",
+             "yes" if r.get("same_tokens_as_eager") else "no", r.get("runs")]
+            for r in data.get("results", [])]
+    table = _table(["variant", "cold TTFT s", "cold generate s", "warm generate s",
+                    "decode tok/s", "graphs", "fx hit/miss", "same ids as eager", "runs"], rows)
+    ratios = data.get("ratios", {})
+    goals = []
+    for key, what, sense, goal in bench_generate.GOALS:
+        value = ratios.get(key)
+        if value is not None:
+            met = value <= goal if sense == "<=" else value >= goal
+            goals.append(f"- {what}: **{value:.2f}** (goal {sense} {goal}: {'met' if met else 'not met'})")
+    if ratios.get("ours_break_decode_vs_ours") is not None:
+        goals.append(f"- decode tok/s with the cache update between two graphs everywhere / with "
+                     f"layer views: {ratios['ours_break_decode_vs_ours']:.2f}")
+    return f"""`benchmarks/bench_generate.py`: `model.generate()` on a Llama with Llama-3.2-1B's proportions,
+{cfg.get('layers', '?')} layers × {cfg.get('width', '?')}, {cfg.get('dtype', '?')}, greedy, prompt
+{cfg.get('prompt', '?')} tokens, {cfg.get('new', '?')} new tokens; every variant in its own process on a fresh
+node; cold figures from the compile call, warm figures the median of {cfg.get('warm_runs', '?')} more
+generates; medians of {cfg.get('rounds', '?')} round(s). In bf16 a compiled variant's token ids may differ
+from eager's (near-tied logits of random weights); the tests check equality in fp32.
+
+{_provenance(data, "python benchmarks/bench_generate.py --json")}
+
+{table}
+
+""" + "\n".join(goals)
+
+
+def section_remote(data: dict) -> str:
+    rows = []
+    for r in data.get("rows", []):
+        for label, name in (("dir", "directory store"), ("s3", "S3 (moto, 127.0.0.1)")):
+            d = r[label]
+            rows.append([r["model"], name, _fmt(d["ttfo_s"]), _fmt(d["process_s"]), d["fxgraph_miss"],
+                         f"{int(d['bytes_moved']):,}"])
+    ratios = "; ".join(f"{r['model']}: **{r['ratio']:.2f}x** ({'met' if r['goal_met'] else 'not met'})"
+                       for r in data.get("rows", []) if r.get("ratio") is not None)
+    table = _table(["model", "store", "TTFO s (median)", "process s", "FX-graph misses",
+                    "bytes moved per start"], rows)
+    return f"""`benchmarks/bench_remote.py`: GPT-2 (random weights, CPU, batch 1 x {data.get('seq', '?')}),
+fresh-node time to first output restoring from a directory store and from `s3://` on moto's
+S3 server on 127.0.0.1 (the same packs: exported from the directory store, imported into S3),
+alternately, median of {data.get('repeats', '?')} fresh nodes each (new TMPDIR, HOME,
+XDG_CACHE_HOME, Inductor/Triton dirs and an empty local tier). Bytes moved: S3, downloaded plus
+uploaded (the local tier's counters); directory, the member bytes restored.
+
+{_provenance(data, "python benchmarks/bench_remote.py --json")}
+
+{table}
+
+Goal: S3 at most {data.get('goal', 1.1)}x the directory store: {ratios or '-'}."""
+
+
 SECTIONS: dict[str, Callable[[dict], str]] = {
     "fingerprint": section_fingerprint,
     "regions": section_regions,
@@ -509,6 +587,8 @@ SECTIONS: dict[str, Callable[[dict], str]] = {
     "cold_start_gpu": section_cold_start_gpu,
     "ranks": section_ranks,
     "cli": section_cli,
+    "generate": section_generate,
+    "remote": section_remote,
 }
 
 

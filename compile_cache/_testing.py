@@ -27,6 +27,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.precompiled",
     "compile_cache.recovery",
     "compile_cache.distributed",
+    "compile_cache.integrations.accelerate",
 )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "BROADCAST_SCOPE",
     "DIR",
     "DISTRIBUTED",
+    "LOCAL_TIER",
     "LOCK",
     "LOCK_STALE",
     "LOCK_TIMEOUT",
@@ -37,6 +38,8 @@ __all__ = [
     "PRECOMPILE_DEFAULT",
     "PREFETCH",
     "READ_ONLY",
+    "REMOTE_RETRIES",
+    "REMOTE_TIMEOUT",
     "SHARED",
     "SIGNING_KEY",
     "TRUST_LOCAL_DIRS",
@@ -186,8 +189,9 @@ def _register(variable: Variable) -> Variable:
 
 DIR = _register(Variable(
     "COMPILE_CACHE_DIR", "path", None,
-    "the store; share it on NFS/Lustre across nodes (after --cache-dir / cache_dir=)",
-    "a directory path", _text,
+    "the store; share it on NFS/Lustre across nodes, or a URL: s3://bucket/prefix, gs://, az://, "
+    "memory:// (after --cache-dir / cache_dir=)",
+    "a directory path or an object-storage URL", _text,
 ))
 MAX_SIZE = _register(Variable(
     "COMPILE_CACHE_MAX_SIZE", "size", 20 << 30,
@@ -284,6 +288,24 @@ TRUST_LOCAL_DIRS = _register(Variable(
     "use torch's local Inductor/Triton dirs even when another user owns or can write them "
     "(default: warn and use a private directory instead)",
     f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+
+# -- a store on object storage (COMPILE_CACHE_DIR=s3://...)
+LOCAL_TIER = _register(Variable(
+    "COMPILE_CACHE_LOCAL_TIER", "path", None,
+    "where a store on object storage keeps its local read-through tier, one directory per URL "
+    "(default $XDG_CACHE_HOME/compile_cache/remote); bounded by COMPILE_CACHE_MAX_SIZE",
+    "a directory path", _text,
+))
+REMOTE_RETRIES = _register(Variable(
+    "COMPILE_CACHE_REMOTE_RETRIES", "count", 2,
+    "retries (with backoff) of an object-storage request that failed, before it is a miss",
+    "a whole number from 0 to 10", _count(0, 10),
+))
+REMOTE_TIMEOUT = _register(Variable(
+    "COMPILE_CACHE_REMOTE_TIMEOUT", "seconds", 10.0,
+    "seconds an object-storage request may take to connect or to answer",
+    "a positive number of seconds", _seconds,
 ))
 
 

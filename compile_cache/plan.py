@@ -25,7 +25,10 @@ from torch import nn
 from .fingerprint import fingerprint_tree
 from .torch_compat import dynamo
 
-__all__ = ["REASONS", "RegionGroup", "RegionPlan", "RestPart", "check_module", "plan_regions"]
+__all__ = [
+    "REASONS", "RegionGroup", "RegionPlan", "RestPart", "check_module", "plan_regions",
+    "varying_attributes",
+]
 
 
 
@@ -359,3 +362,21 @@ def plan_regions(model: nn.Module) -> RegionPlan:
     walk("")
     return RegionPlan(_class_name(model), groups, tuple(rest))
 
+
+_PRIMITIVES = (int, float, bool, str, type(None))
+
+
+def varying_attributes(members: list[nn.Module]) -> tuple[str, ...]:
+    """Primitive attributes (``layer_idx``, ``self_attn.layer_idx``) whose values differ between
+    the members of a group: the usual cause of per-block recompiles."""
+    if len(members) < 2:
+        return ()
+    values: dict[str, set] = {}
+    for member in members:
+        for sub_name, sub in member.named_modules():
+            for attr, value in vars(sub).items():
+                if attr.startswith("_") or not isinstance(value, _PRIMITIVES):
+                    continue
+                key = f"{sub_name}.{attr}" if sub_name else attr
+                values.setdefault(key, set()).add((type(value).__name__, value))
+    return tuple(sorted(k for k, v in values.items() if len(v) > 1))

@@ -9,10 +9,11 @@ keywords, environment), the group and its keywords: no two models or groups shar
 
 A group that cannot use precompile compiles normally, with every default guard, and says why:
 another backend than Inductor (the others save no compiled code), the user's own
-``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, a guard that cannot be
-saved faithfully (seen while tracing), an entry that does not load. Each such group is warned
-about (:class:`RegionPrecompileWarning`) and reported to the session, which counts it in the
-store's ``stats`` and in ``last_report().precompile_groups``.
+``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, blocks that take a KV
+cache (:data:`KV_CACHE_DECLINE`: :func:`compile_plain` compiles them, as without precompile), a
+guard that cannot be saved faithfully (seen while tracing), an entry that does not load. Each
+such group is warned about (:class:`RegionPrecompileWarning`) and reported to the session, which
+counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
 """
 
 from __future__ import annotations
@@ -28,23 +29,34 @@ from torch import nn
 
 from . import _warnings, artifacts
 from .keys import canonical_compile_kwargs
+from .store.stats import record_precompile
 from .torch_compat import precompile as pc
 
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
+    "KV_CACHE_DECLINE",
     "BoundCall",
     "GroupPrecompiler",
     "PrecompileEvent",
     "PrecompileSetup",
     "PrecompileTracker",
     "RegionPrecompileWarning",
+    "compile_plain",
     "isolate_from_global_flag",
 ]
 
 
 class RegionPrecompileWarning(RuntimeWarning):
     """A region does not use precompile (it compiles normally, so Dynamo traces it at each start)."""
+
+
+#: Why a group whose blocks take a KV cache declines precompile (before compiling).
+KV_CACHE_DECLINE = (
+    "its blocks take a KV cache, whose update runs eagerly between two graphs "
+    "(compile_cache.torch_compat.kv_cache), and precompiled code with that graph break is not "
+    "proven yet"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +161,18 @@ class GroupPrecompiler:
             logger.info("compile_cache: precompile is off for %s: %s", label, detail)
         return pf
 
+    def decline(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
+                reason: str) -> None:
+        """A group that compiles without precompile for a reason known before compiling (its
+        blocks take a KV cache): reported, counted and warned like the declines above."""
+        name = pc.entry_name(self.setup.store_key, code_name,
+                             canonical_compile_kwargs(compile_kwargs), self.template)
+        self._event(PrecompileEvent(code_name, label, name, "declined", reason))
+        if self.setup.explicit:
+            self._declines.setdefault(reason, []).append(label)
+        else:
+            logger.info("compile_cache: precompile is off for %s: %s", label, reason)
+
     def finish(self) -> None:
         """One warning per reason for the groups that declined while compiling."""
         for reason, labels in self._declines.items():
@@ -243,13 +267,13 @@ class PrecompileTracker:
     def _count(self, status: str) -> None:
         if status == "loaded":
             self.report.precompile_hits += 1
-            self.store.record_precompile(hits=1)
+            record_precompile(self.store, hits=1)
         elif status == "declined":
             self.report.precompile_declined += 1
-            self.store.record_precompile(declined=1)
+            record_precompile(self.store, declined=1)
         elif status in ("failed", "load_error"):
             self.report.precompile_load_errors += 1
-            self.store.record_precompile(load_errors=1)
+            record_precompile(self.store, load_errors=1)
 
 
 def _pins_of(record: dict[str, Any] | None) -> dict[str, str] | None:
@@ -277,6 +301,26 @@ def isolate_from_global_flag() -> bool:
             RegionPrecompileWarning,
         )
     return True
+
+
+def compile_plain(fn: types.FunctionType, module: nn.Module, key: Any,
+                  compile_kwargs: dict[str, Any]) -> tuple[Any, int]:
+    """A region group compiled without precompile, for ``module``: one ``torch.compile`` per
+    group and keywords (``key``), shared like the group's code object, with its own recompile
+    bucket where torch has it (the bucket's id, else -1). With the process-wide
+    ``caching_precompile`` on, compiled and run with it off (:func:`isolate_from_global_flag`)."""
+    import torch
+
+    from .torch_compat import dynamo
+
+    isolate = isolate_from_global_flag()
+    compile_group = pc.compile_group_isolated if isolate else dynamo.compile_group
+    group = compile_group(fn, key, **compile_kwargs)
+    if group is not None:
+        return types.MethodType(group[0], module), group[1]
+    if isolate:
+        return pc.compile_isolated(types.MethodType(fn, module), **compile_kwargs), -1
+    return torch.compile(types.MethodType(fn, module), **compile_kwargs), -1
 
 
 def _reset() -> None:

@@ -19,6 +19,13 @@
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
   group and counted, never silent. Recompiles between identical blocks (a per-block attribute
   read by ``forward``) are reported with a ``RegionRecompileWarning``.
+* Each group is one ``torch.compile`` call with its own recompile bucket (``isolate_recompiles``),
+  so the resume functions after a graph break (shared by every model of a block class) count only
+  its entries. Blocks that take a transformers KV cache are called through
+  :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
+  whatever the number of layers; the recompile limit allows the group size x phases. With
+  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`),
+  except a group whose blocks take a KV cache: it declines precompile, warned and counted.
 """
 
 from __future__ import annotations
@@ -37,15 +44,16 @@ import torch
 from torch import nn
 
 from . import _warnings
-from .plan import RegionPlan, abbreviate, check_module
+from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
+    KV_CACHE_DECLINE,
     BoundCall,
     GroupPrecompiler,
     PrecompileSetup,
     RegionPrecompileWarning,
-    isolate_from_global_flag,
+    compile_plain,
 )
-from .torch_compat import dynamo
+from .torch_compat import dynamo, kv_cache, kv_calls
 from .torch_compat import precompile as pc
 
 logger = logging.getLogger("compile_cache")
@@ -79,7 +87,6 @@ PER_CALL_RECOMPILE_LIMIT = "recompile_limit" in _COMPILE_KWARGS
 _LOCK = threading.Lock()
 _PLANS: weakref.WeakKeyDictionary[nn.Module, RegionPlan] = weakref.WeakKeyDictionary()
 _FUNCTIONS: dict[str, types.FunctionType] = {}
-
 
 
 def _trampoline(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -123,6 +130,10 @@ class _GroupState:
         self.warned_recompile = False
         self.started = False
         self.last_compiled: _RegionRunner | None = None
+        self.region = -1  # the group's recompile bucket (dynamo.compile_group), -1: shared
+        self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
+        self.takes_cache = False
+        self.eager_resumes: set[str] = set()
 
     @property
     def code(self) -> types.CodeType:
@@ -131,7 +142,20 @@ class _GroupState:
         return self.pf.code if self.pf is not None else self._code
 
     def cache_entries(self) -> int:
-        return dynamo.cache_entries(self.code)
+        return dynamo.cache_entries(self.code, self.region)
+
+    def check_resumes(self) -> None:
+        """Something compiled during a call of this group. The part of a block after a graph
+        break is a resume function; at the recompile limit Dynamo runs it uncompiled for good,
+        which the trampoline does not see. Report each such one once."""
+        if self.region < 0:
+            return  # shared bucket: entries of other models would count
+        limit = self.limit or dynamo.recompile_limit() or 8
+        for name, entries in dynamo.resume_codes_at_limit(self.region, limit):
+            if name not in self.eager_resumes:
+                self.eager_resumes.add(name)
+                self.report_eager(None, f"the part after a graph break ({name}, {entries} compiled "
+                                  f"entries) hit the recompile limit ({limit}), for good")
 
     def on_recompile(self, reasons: list[str], runner: _RegionRunner) -> None:
         """The group's code recompiled during ``runner``'s call. Counted as a per-block recompile
@@ -152,24 +176,30 @@ class _GroupState:
         attrs = named_attrs or list(self.varying)
         what = "read by forward" if named_attrs else "that differ per block"
         named = f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
+        cause, fix = (kv_cache.recompile_advice(text, named) if self.takes_cache else None) or (
+            f"per-block values{named}; failing guard: {guards or 'unknown'}",
+            "Make forward not depend on per-block attributes to share one graph",
+        )
         msg = (
-            f"compile_cache: identical blocks of {self.label} recompile per block{named}; failing "
-            f"guard: {guards or 'unknown'}. Each block gets its own compiled entry (the "
-            f"recompile limit allows at least the group size, {self.size}); make forward not "
-            f"depend on per-block attributes to share one graph. TORCH_LOGS=recompiles shows "
-            f"details."
+            f"compile_cache: identical blocks of {self.label} recompile per block: {cause}. "
+            f"Each block gets its own compiled entry, up to the recompile limit "
+            f"({self.limit or self.size}, at least the group size x phases); past it the blocks "
+            f"run uncompiled. {fix}. TORCH_LOGS=recompiles shows details."
         )
         _warnings.warn(msg, RegionRecompileWarning)
 
-    def report_eager(self, module: nn.Module) -> None:
+    def report_eager(self, module: nn.Module | None, reason: str | None = None) -> None:
         with _LOCK:
             self.eager_calls += 1
-            if self.warned_eager:
+            if self.warned_eager and reason is None:
                 return
             self.warned_eager = True
-        reason = _eager_reason(self)
+        reason = reason or _eager_reason(self)
+        if self.takes_cache and "recompile limit" in reason:
+            reason += kv_cache.LIMIT_HINT
+        what = f" ({type(module).__name__})" if module is not None else ""
         msg = (
-            f"compile_cache: region {self.label} ({type(module).__name__}) ran UNCOMPILED: "
+            f"compile_cache: region {self.label}{what} ran UNCOMPILED: "
             f"{reason}. The model still computes the right values, but eagerly."
         )
         _warnings.warn(msg, RegionEagerWarning)
@@ -206,25 +236,6 @@ def _eager_reason(state: _GroupState) -> str:
     )
 
 
-_PRIMITIVES = (int, float, bool, str, type(None))
-
-
-def _varying_attributes(members: list[nn.Module]) -> tuple[str, ...]:
-    """Primitive attributes (``layer_idx``, ``self_attn.layer_idx``) whose values differ between
-    the members of a group: the usual cause of per-block recompiles."""
-    if len(members) < 2:
-        return ()
-    values: dict[str, set] = {}
-    for member in members:
-        for sub_name, sub in member.named_modules():
-            for attr, value in vars(sub).items():
-                if attr.startswith("_") or not isinstance(value, _PRIMITIVES):
-                    continue
-                key = f"{sub_name}.{attr}" if sub_name else attr
-                values.setdefault(key, set()).add((type(value).__name__, value))
-    return tuple(sorted(k for k, v in values.items() if len(v) > 1))
-
-
 def _ran_eager(module: nn.Module) -> None:
     runner = _installed(module)
     if isinstance(runner, _RegionRunner):
@@ -258,7 +269,13 @@ class _RegionRunner:
         state = self.state
         failures = self.failures.get(state.code)
         before = len(failures) if failures is not None else 0
-        out = self.compiled(*args, **kwargs)
+        frames = dynamo.frames_seen()
+        if state.cache_calls is not None:
+            out = state.cache_calls.call(self, self.compiled, args, kwargs)
+        else:
+            out = self.compiled(*args, **kwargs)
+        if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
+            state.check_resumes()
         failures = self.failures.get(state.code)
         if failures is not None and len(failures) > before:
             state.on_recompile(failures[before:], self)
@@ -299,6 +316,8 @@ def _installed(module: nn.Module) -> Any:
 def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):  # else id() of a new tuple: a second call never matched
+        return tuple(_freeze(v) for v in value)
     try:
         hash(value)
         return value
@@ -331,6 +350,7 @@ def install(
     keywords keep their compiled code, and earlier installs the plan no longer wants are undone.
     With ``precompile``, each group compiles through one precompiled function
     (:mod:`compile_cache.precompiled`); they are returned by code name, for the session to save.
+    A group whose blocks take a KV cache declines precompile (reported to ``precompile.on_event``).
     """
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
@@ -352,50 +372,65 @@ def install(
     for name, (code_name, _, _) in wanted.items():
         wanted_members.setdefault(code_name, []).append(name)
     frozen = _freeze((kwargs, precompile.store_key if precompile is not None else None))
-    user_limit = kwargs.get("recompile_limit")
-    largest = max((g.size for g in plan.groups), default=1)
-    if not disabled and not PER_CALL_RECOMPILE_LIMIT:
-        dynamo.raise_recompile_limit(largest)
     states: dict[str, _GroupState] = {}
     functions: dict[str, pc.PrecompiledFunction] = {}
     groups = GroupPrecompiler(precompile, _trampoline) if precompile is not None else None
-    isolate = groups is None and not disabled and isolate_from_global_flag()
     for name, (code_name, label, size) in wanted.items():
         mod = modules[name]
         fn = _region_function(code_name)
         state = states.get(code_name)
         if state is None:
             members = [modules[n] for n in wanted_members.get(code_name, [name])]
-            varying = _varying_attributes(members)
+            varying = varying_attributes(members)
             state = states[code_name] = _GroupState(label, fn.__code__, size, varying)
+            _prepare_group(state, mod, kwargs)
+            if groups is not None and state.takes_cache:
+                groups.decline(code_name, label, _group_kwargs(kwargs, state), KV_CACHE_DECLINE)
         existing = _installed(mod)
         key = (code_name, frozen)
         if isinstance(existing, _RegionRunner) and existing.key == key:
             compiled = existing.compiled  # called again with the same keywords: keep it
+            state.region = existing.state.region
         else:
             if existing is not None and not isinstance(existing, _RegionRunner):
                 logger.info("compile_cache: replacing an earlier compile of %s", name or "<root>")
-            call_kwargs = dict(kwargs)
-            if PER_CALL_RECOMPILE_LIMIT:
-                base = user_limit if user_limit is not None else dynamo.recompile_limit()
-                call_kwargs["recompile_limit"] = state.limit = max(int(base or size), size)
-            if groups is not None:  # one precompiled function per group, called with the member
+            call_kwargs = _group_kwargs(kwargs, state)
+            if groups is not None and not state.takes_cache:
+                # one precompiled function per group, called with the member
                 compiled = BoundCall(groups.function(code_name, label, call_kwargs), mod)
-            elif isolate:
-                compiled = pc.compile_isolated(types.MethodType(fn, mod), **call_kwargs)
             else:
-                compiled = torch.compile(types.MethodType(fn, mod), **call_kwargs)
+                compiled, state.region = compile_plain(fn, mod, key, call_kwargs)
         if isinstance(compiled, BoundCall):
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
     if groups is not None:
         groups.finish()
+    if states and not PER_CALL_RECOMPILE_LIMIT:
+        dynamo.raise_recompile_limit(max(st.limit for st in states.values()))
+    if any(st.takes_cache for st in states.values()):
+        kv_cache.disable_generate_autocompile(model)
     with _LOCK:
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
 
+
+def _prepare_group(state: _GroupState, block: nn.Module, kwargs: dict) -> None:
+    """The group's recompile limit (its size x phases, at least the user's or torch's limit) and,
+    for blocks that take a KV cache, how they are called (the module doc)."""
+    state.takes_cache, state.cache_calls = kv_calls.CacheCalls.for_group(
+        block.forward, state.size, kwargs, state.varying)
+    base = kwargs.get("recompile_limit") or dynamo.recompile_limit() or state.size
+    state.limit = max(int(base), state.size * (kv_cache.PHASES if state.takes_cache else 1))
+
+
+def _group_kwargs(kwargs: dict[str, Any], state: _GroupState) -> dict[str, Any]:
+    """``torch.compile`` keywords of one group: the plan's, with the group's recompile limit."""
+    call_kwargs = dict(kwargs)
+    if PER_CALL_RECOMPILE_LIMIT:
+        call_kwargs["recompile_limit"] = state.limit
+    return call_kwargs
 
 
 _clock = threading.local()

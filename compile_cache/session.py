@@ -163,7 +163,7 @@ class CacheSession:
         self.store = store
         self.key = key
         self.precompile = precompile
-        self.report = CacheReport(key=key, store=str(store.root), precompile=precompile)
+        self.report = CacheReport(key=key, store=store.location, precompile=precompile)
         self._entry_info = {
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "torch": torch.__version__,
@@ -370,8 +370,8 @@ class CacheSession:
 
     @property
     def location(self) -> str:
-        """The store's directory."""
-        return str(self.store.root)
+        """The store's directory (or URL, for a store on object storage)."""
+        return self.store.location
 
     @property
     def tags(self) -> dict[str, Any]:

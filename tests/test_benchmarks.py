@@ -207,3 +207,57 @@ def test_missing_benchmark_script_is_reported(monkeypatch, tmp_path):
                                                       "script": "bench_does_not_exist.py"})
     error = run_all.run_benchmark("ranks", True, str(tmp_path), 10)
     assert error and "does not exist yet" in error
+
+
+GENERATE = {
+    "benchmark": "generate",
+    "config": {"layers": 4, "width": 256, "prompt": 32, "new": 64, "warm_runs": 3, "rounds": 3,
+               "dtype": "bfloat16", "threads": 0},
+    "results": [
+        {"variant": "eager", "runs": 3, "cold_ttft_s": 0.05, "cold_generate_s": 0.84,
+         "warm_generate_s": 0.86, "decode_tok_s": 76.1, "unique_graphs": 0, "fxgraph_hit": 0,
+         "fxgraph_miss": 0, "same_tokens_as_eager": True},
+        {"variant": "full", "runs": 3, "cold_ttft_s": 30.0, "cold_generate_s": 51.4,
+         "warm_generate_s": 0.77, "decode_tok_s": 85.7, "unique_graphs": 3, "fxgraph_hit": 0,
+         "fxgraph_miss": 3, "same_tokens_as_eager": False},
+        {"variant": "hf_static", "error": ["RuntimeError: boom"]},
+    ],
+    "ratios": {"cold_generate_vs_full": 0.45, "decode_vs_full": 0.97,
+               "store_node_vs_eager_budget": 3.1, "ours_break_decode_vs_ours": 0.8},
+    "run": {"command": "python benchmarks/bench_generate.py --width 256 --rounds 3 --json",
+            "machine": MACHINE, "torch": "2.13.0+cpu", "date": "2025-01-03", "wall_s": 900.0,
+            "smoke": False},
+}
+
+
+def test_generate_section_shows_each_variant_and_each_goal(tmp_path):
+    (tmp_path / "generate.json").write_text(json.dumps(GENERATE))
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmark results\n\n## Reliability\n\nHand-written.\n")
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "generate", "--results-md",
+                         str(md), "--no-charts"]) == 0
+    text = md.read_text()
+    assert text.index("## Generation") < text.index("## Reliability")
+    assert "4 layers × 256, bfloat16" in text and "RuntimeError: boom" in text
+    assert "| full | 30.00 | 51.40 | 0.770 | 85.7 | 3 | 0/3 | no | 3 |" in text
+    assert "full compile's: **0.45** (goal <= 0.5: met)" in text
+    assert "(1.2 x eager's + 2 s): **3.10** (goal <= 1.0: not met)" in text
+    assert "--width 256 --rounds 3 --json" in text
+
+
+def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
+    side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
+            "fxgraph_hit": 3, "bytes_moved": 1234567, "remote_errors": 0}
+    data = {"benchmark": "remote", "machine": MACHINE, "seq": 128, "repeats": 3, "goal": 1.1,
+            "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
+            "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side,
+                      "s3": {**side, "ttfo_s": 2.4}, "ratio": 1.2, "goal_met": False}]}
+    (tmp_path / "remote.json").write_text(json.dumps(data))
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmark results\n\n## Reliability\n\nkept\n")
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
+                         "--no-charts"]) == 0
+    text = md.read_text()
+    assert text.index("## Object storage") < text.index("## Reliability")
+    assert "S3 (moto, 127.0.0.1)" in text and "directory store" in text
+    assert "1,234,567" in text and "**1.20x** (not met)" in text

@@ -36,6 +36,9 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_MAX_PACK_MEMBERS": ("5_000", 5000, "-3"),
     "COMPILE_CACHE_MAX_MEMBER_NAME": ("300", 300, "8"),
     "COMPILE_CACHE_TRUST_LOCAL_DIRS": ("yes", True, "perhaps"),
+    "COMPILE_CACHE_LOCAL_TIER": ("/scratch/tier", "/scratch/tier", ""),
+    "COMPILE_CACHE_REMOTE_RETRIES": ("3", 3, "many"),
+    "COMPILE_CACHE_REMOTE_TIMEOUT": ("2.5", 2.5, "-1"),
 }
 
 

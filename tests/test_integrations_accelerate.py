@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -74,3 +76,37 @@ def test_install_routes_plugin_to_compile_regions(tiny_gpt2):
     assert stats and all(s["eager_calls"] == 0 and s["cache_entries"] >= 1 for s in stats.values())
     integration.uninstall()
     assert acc.compile_regions is original and not integration.installed()
+
+
+def test_install_warns_once_when_the_plugin_compiles_nothing(tiny_gpt2, monkeypatch, fresh_state):
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)
+    integration.install()
+    model = tiny_gpt2()
+    plugin = TorchDynamoPlugin(use_regional_compilation=True)  # backend: accelerate's default, "no"
+    accelerator = Accelerator(cpu=True, dynamo_plugin=plugin)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepared = accelerator.prepare(model)
+        accelerator.prepare_model(model)  # once per process, not once per call
+    found = [w for w in caught if "backend 'no'" in str(w.message)]
+    assert len(found) == 1, [str(w.message) for w in caught]
+    assert "backend='inductor'" in str(found[0].message) and "compiles nothing" in str(found[0].message)
+    assert found[0].filename == __file__  # it points at the user's prepare() call
+    assert prepared is model and get_plan(model) is None  # indeed nothing was compiled
+    assert all(m._compiled_call_impl is None for m in model.modules())
+
+
+def test_install_is_silent_when_a_backend_is_given(tiny_gpt2, fresh_state):
+    integration.install()
+    model = tiny_gpt2()
+    plugin = TorchDynamoPlugin(use_regional_compilation=True, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Accelerator(cpu=True, dynamo_plugin=plugin).prepare(model)
+    assert not [w for w in caught if "backend 'no'" in str(w.message)]
+    assert get_plan(model) is not None
+    integration.uninstall()
+    import accelerate.accelerator as acc
+
+    assert not getattr(acc.Accelerator.prepare, "_compile_cache_checked", False)
+    assert not getattr(acc.Accelerator.prepare_model, "_compile_cache_checked", False)

@@ -53,6 +53,31 @@ def _backend_info() -> dict[str, Any]:
     return info
 
 
+def _remote_info(tier: Any) -> dict[str, Any]:
+    """What doctor says of a store on object storage: its URL (no credentials), whether a
+    listing works, and where its credentials come from (a source, never a value)."""
+    from ..store.backend import redact
+
+    error = None
+    try:
+        tier.backend.list(tier.layout.stats_dir)
+    except CompileCacheError as exc:
+        error = str(exc)
+    protocol = tier.url.split("://", 1)[0].lower()
+    if protocol in ("s3", "s3a"):
+        if os.environ.get("AWS_ACCESS_KEY_ID"):
+            creds = "environment (AWS_ACCESS_KEY_ID)"
+        elif os.environ.get("AWS_PROFILE"):
+            creds = f"profile {os.environ['AWS_PROFILE']!r}"
+        else:
+            creds = "the default chain (~/.aws, instance or pod role)"
+        if os.environ.get("AWS_ENDPOINT_URL"):
+            creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
+    else:
+        creds = f"the {protocol} backend's usual chain"
+    return {"url": tier.display, "error": error, "credentials": creds}
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Where the store is and why, whether it is safe and usable, and what splits cache keys."""
     import torch
@@ -62,9 +87,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..keys import environment, environment_digest
     from ..locks import filesystem_type, lock_mode_for
     from ..store import Store, misses
+    from ..store.remote import remote_location
     from ..store.safety import describe_dir, resolve_location
 
-    root, source = resolve_location(args.cache_dir)
+    remote: dict[str, Any] | None = None
+    try:
+        tier, local_root, remote_source = remote_location(args.cache_dir)
+    except CompileCacheError as exc:  # a URL without fsspec/s3fs installed
+        tier, local_root, remote_source = None, None, None
+        remote = {"url": args.cache_dir or config.DIR.value(), "error": str(exc)}
+    root, source = resolve_location(local_root if tier else None if remote else args.cache_dir)
+    if tier is not None:
+        source, remote = remote_source or source, _remote_info(tier)
     source_text = {
         "argument": "--cache-dir argument",
         "COMPILE_CACHE_DIR": "COMPILE_CACHE_DIR environment variable",
@@ -91,7 +125,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     store_state: dict[str, Any] = {}
     if exists:
         try:
-            store = Store(root)
+            store = Store(tier.url if tier else root)
             st = store.stats()
             store_state = {
                 "read_only": store.read_only, "read_only_reason": store.read_only_reason,
@@ -140,10 +174,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                           "default": "torch's", "allowed": "a directory path", "meaning": meaning,
                           "error": None})
 
+    if remote is not None and remote.get("error"):
+        problems.append(f"object storage: {remote['error']}")
     data = {
         "version": __version__,
         "store": {
-            "location": str(root), "source": source, "exists": exists,
+            "location": remote["url"] if remote else str(root), "source": source, "exists": exists,
+            "remote": remote, "local_tier": str(root) if remote else None,
             "filesystem": filesystem_type(root), "lock_mode": lock_mode, "lock_reason": lock_reason,
             "permissions": perms, "safe": safe, "group_shared": shared, **store_state,
         },
@@ -165,6 +202,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     rows = [
         ("location", s["location"]),
         ("from", source_text),
+        *([("local tier", f"{root} (read-through: a pack is downloaded once per node)"),
+           ("object storage", ("reachable" if not remote["error"] else f"UNREACHABLE: {remote['error']}")
+            + f"; credentials: {remote['credentials']}")] if remote else []),
         ("filesystem", s["filesystem"]),
         ("lock mode", f"{lock_mode} ({lock_reason})"),
         ("permissions", perms),

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     store_opts = argparse.ArgumentParser(add_help=False)
     store_opts.add_argument(
         "--cache-dir", metavar="DIR",
-        help="the store (default: COMPILE_CACHE_DIR, then $XDG_CACHE_HOME/compile_cache, then ~/.cache/compile_cache)",
+        help="the store: a directory or a URL such as s3://bucket/prefix (default: COMPILE_CACHE_DIR, "
+             "then $XDG_CACHE_HOME/compile_cache, then ~/.cache/compile_cache)",
     )
     store_opts.add_argument("-v", "--verbose", action="store_true", help="log what compile_cache does to stderr")
     json_opts = argparse.ArgumentParser(add_help=False)

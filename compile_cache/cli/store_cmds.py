@@ -29,8 +29,9 @@ __all__ = [
 def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store of ``--cache-dir`` (or the environment/default); a file there is a usage error."""
     from ..store import Store
+    from ..store.backend import is_url
 
-    if args.cache_dir is not None:
+    if args.cache_dir is not None and not is_url(args.cache_dir):
         path = Path(args.cache_dir).expanduser()
         if os.path.lexists(path) and not path.is_dir():
             raise UsageError(f"--cache-dir {args.cache_dir}: exists and is not a directory")
@@ -45,7 +46,7 @@ def _resolve_keys(store: Any, wanted: Sequence[str]) -> list[str]:
         prefix = prefix.strip().lower()
         matches = [k for k in keys if k.startswith(prefix)] if prefix else []
         if not matches:
-            raise UsageError(f"--key {prefix!r}: no cache entry with that key in {store.root}")
+            raise UsageError(f"--key {prefix!r}: no cache entry with that key in {store.location}")
         if len(matches) > 1 and prefix not in matches:
             raise UsageError(f"--key {prefix!r} is ambiguous: {len(matches)} entries start with it")
         key = prefix if prefix in matches else matches[0]
@@ -143,14 +144,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         entries = entries[: args.limit]
     settings = _differing_settings(entries)
     if args.json:
-        print_json({"store": str(store.root), "entries": [_entry_json(e, settings) for e in entries]})
+        print_json({"store": store.location, "entries": [_entry_json(e, settings) for e in entries]})
         return 0
     if args.quiet:
         for e in entries:
             print(e.key)
         return 0
     if not entries:
-        print(f"No cache entries in {store.root}")
+        print(f"No cache entries in {store.location}")
         return 0
     now = time.time()
     headers = (*_ENTRY_HEADERS, _SETTINGS_HEADER) if settings else _ENTRY_HEADERS
@@ -159,7 +160,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     total = sum(e.size for e in entries)
     packs = sum(len(e.packs) for e in entries)
     print(f"\n{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {packs} pack(s), "
-          f"{format_size(total)} in {store.root}")
+          f"{format_size(total)} in {store.location}")
     return 0
 
 
@@ -172,9 +173,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.zero:
         store.zero_stats()
         if args.json:
-            print_json({"zeroed": True, "store": str(store.root)})
+            print_json({"zeroed": True, "store": store.location})
         else:
-            print(f"Statistics zeroed in {store.root}")
+            print(f"Statistics zeroed in {store.location}")
         return 0
     s = store.stats()
     if args.json:
@@ -212,6 +213,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Evicted", f"{s['evictions']} entries, {format_size(s['evicted_bytes'])}"),
         ("Cache size", used),
     ]
+    if "local_tier" in s:  # a store on object storage
+        rows.insert(1, ("Local tier", f"{s['local_tier']} ({s['local_tier_size_human']} on this node)"))
+        rows.append(("Object storage", f"{s['remote_downloads']} packs downloaded "
+                     f"({format_size(s['bytes_downloaded'])}), {s['remote_uploads']} uploaded "
+                     f"({format_size(s['bytes_uploaded'])}), {s['remote_errors']} errors (misses)"))
     if s["read_only"]:
         rows.append(("Read-only", s["read_only_reason"]))
     print(pairs(rows))
@@ -243,10 +249,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         data = report.to_dict()
         data["remaining"] = remaining.to_dict()
-        data["store"] = str(store.root)
+        data["store"] = store.location
         print_json(data)
         return 0 if remaining.ok else 1
-    print(f"Checked {report.checked_entries} entries, {report.checked_packs} packs in {store.root}")
+    print(f"Checked {report.checked_entries} entries, {report.checked_packs} packs in {store.location}")
     found = _problems(report)
     if found:
         print(table(("PROBLEM", "WHERE"), found))
@@ -274,12 +280,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _print_removal(entries: Sequence[Any], verb: str, store: Any, as_json: bool, dry_run: bool) -> None:
     if as_json:
         print_json({
-            "store": str(store.root), "dry_run": dry_run,
+            "store": store.location, "dry_run": dry_run,
             "removed": [e.key for e in entries], "bytes": sum(e.size for e in entries),
         })
         return
     if not entries:
-        print(f"Nothing to {verb} in {store.root}")
+        print(f"Nothing to {verb} in {store.location}")
         return
     now = time.time()
     print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
@@ -302,7 +308,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if not planned:
         _print_removal([], "prune", store, args.json, False)
         return 0
-    if not confirm(args, f"remove {len(planned)} cache entries from {store.root}"):
+    if not confirm(args, f"remove {len(planned)} cache entries from {store.location}"):
         print("Aborted")
         return 1
     _print_removal(store.evict(**criteria), "prune", store, args.json, False)
@@ -316,7 +322,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_removal(entries, "clear", store, args.json, True)
         return 0
-    if not confirm(args, f"remove all {len(entries)} cache entries from {store.root}"):
+    if not confirm(args, f"remove all {len(entries)} cache entries from {store.location}"):
         print("Aborted")
         return 1
     store.clear()
@@ -355,11 +361,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     store = open_store(args)
     report = store.import_archive(source)
     if args.json:
-        print_json({"file": str(source), "store": str(store.root), "keys": report.keys,
+        print_json({"file": str(source), "store": store.location, "keys": report.keys,
                      "packs_added": report.packs_added, "packs_present": report.packs_present})
     else:
         print(f"Imported {len(report.keys)} entr{'y' if len(report.keys) == 1 else 'ies'} into "
-              f"{store.root}: {report.packs_added} pack(s) added, {report.packs_present} already present")
+              f"{store.location}: {report.packs_added} pack(s) added, {report.packs_present} already present")
     return 0
 
 

@@ -10,6 +10,12 @@ place and ``prepare`` returns it. ``uninstall()`` puts accelerate's function bac
 
 ``install(fsdp2=True)`` also replaces ``compile_regions_fsdp2`` (the FSDP2 prepare path), which
 accelerate already does in place; ours is in place as well, but that path is not tested here.
+
+accelerate reaches ``compile_regions`` only when the plugin's backend is not ``"no"``, and
+``"no"`` is ``TorchDynamoPlugin``'s default (``ACCELERATE_DYNAMO_BACKEND`` unset): with
+``TorchDynamoPlugin(use_regional_compilation=True)`` alone nothing is compiled, and nothing of
+compile_cache runs to say so. While installed, ``Accelerator.prepare`` and ``prepare_model``
+check for that and warn once (pass ``backend="inductor"``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from .. import _warnings
 from ..api import compile_regions
 
 logger = logging.getLogger("compile_cache")
@@ -28,6 +35,8 @@ __all__ = ["install", "installed", "uninstall"]
 
 _LOCK = threading.Lock()
 _SAVED: dict[str, Any] = {}
+_PREPARE_METHODS = ("prepare", "prepare_model")
+_warned_no_backend = False
 
 
 def _normalise(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -46,8 +55,39 @@ def _accelerate_compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.
     return compile_regions(module, **_normalise(compile_kwargs))
 
 
+def _warn_if_nothing_compiles(accelerator: Any) -> None:
+    """Warn once per process when regional compilation is asked for with backend "no"."""
+    global _warned_no_backend
+    plugin = getattr(getattr(accelerator, "state", None), "dynamo_plugin", None)
+    if _warned_no_backend or not getattr(plugin, "use_regional_compilation", False):
+        return
+    backend = getattr(plugin, "backend", None)
+    if str(getattr(backend, "value", backend)).lower() != "no":
+        return
+    _warned_no_backend = True
+    _warnings.warn(
+        "compile_cache: TorchDynamoPlugin(use_regional_compilation=True) has backend 'no' (its "
+        "default when ACCELERATE_DYNAMO_BACKEND is unset), so accelerate compiles nothing and "
+        "never calls compile_cache: the model runs eagerly, and last_report() and region_stats() "
+        "stay empty. Pass TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) "
+        "or set ACCELERATE_DYNAMO_BACKEND=inductor."
+    )
+
+
+def _checked(method: Any) -> Any:
+    def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _warn_if_nothing_compiles(self)
+        return method(self, *args, **kwargs)
+
+    prepare.__wrapped__ = method  # type: ignore[attr-defined]
+    prepare.__name__, prepare.__doc__ = method.__name__, method.__doc__
+    prepare._compile_cache_checked = True  # type: ignore[attr-defined]
+    return prepare
+
+
 def install(*, fsdp2: bool = False) -> None:
-    """Route ``Accelerator.prepare``'s regional compilation to ``compile_cache.compile_regions``.
+    """Route ``Accelerator.prepare``'s regional compilation to ``compile_cache.compile_regions``,
+    and warn once when the plugin's backend "no" means nothing would be compiled.
 
     Idempotent. Raises ImportError when accelerate is not installed.
     """
@@ -62,6 +102,11 @@ def install(*, fsdp2: bool = False) -> None:
             _SAVED[name] = current
             setattr(acc, name, _accelerate_compile_regions)
             logger.info("compile_cache: accelerate.accelerator.%s now uses compile_cache", name)
+        for name in _PREPARE_METHODS:
+            current = getattr(acc.Accelerator, name)
+            if not getattr(current, "_compile_cache_checked", False):
+                _SAVED[f"Accelerator.{name}"] = current
+                setattr(acc.Accelerator, name, _checked(current))
 
 
 def uninstall() -> None:
@@ -70,9 +115,19 @@ def uninstall() -> None:
 
     with _LOCK:
         for name, original in list(_SAVED.items()):
-            if getattr(acc, name, None) is _accelerate_compile_regions:
+            if name.startswith("Accelerator."):
+                method = name.split(".", 1)[1]
+                if getattr(getattr(acc.Accelerator, method), "_compile_cache_checked", False):
+                    setattr(acc.Accelerator, method, original)
+            elif getattr(acc, name, None) is _accelerate_compile_regions:
                 setattr(acc, name, original)
             del _SAVED[name]
+
+
+def _reset() -> None:
+    """Forget that the backend-"no" warning was shown (tests)."""
+    global _warned_no_backend
+    _warned_no_backend = False
 
 
 def installed() -> bool:

@@ -15,6 +15,8 @@ hash of its content. The modules, each with one job:
 ``stats``        the counters, sharded per process
 ``maintenance``  evict (LRU, cap, age, keys), clear, verify (fix)
 ``archive``      export / import of entries as one tar archive
+``backend``      object storage under a URL (fsspec): list/get/put, bounded retries
+``remote``       a store on object storage: a local read-through tier plus the URL's objects
 """
 
 from __future__ import annotations

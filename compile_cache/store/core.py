@@ -45,6 +45,7 @@ from .pack import (
 )
 from .reader import CheckedPack
 from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
+from .remote import remote_location
 from .safety import check_tree, resolve_location
 
 __all__ = ["DEFAULT_MAX_SIZE", "Store"]
@@ -56,7 +57,7 @@ DEFAULT_MAX_SIZE: int = config.MAX_SIZE.default
 
 
 class Store:
-    """The artifact store at ``path`` (see :func:`resolve_location` for the default).
+    """The store at ``path``: a directory, or a URL such as ``s3://bucket/prefix`` (:mod:`.remote`).
 
     ``max_size``: size cap (int bytes or ``"20G"``); default ``COMPILE_CACHE_MAX_SIZE`` or 20 GiB;
     ``0`` means no cap. ``read_only``: default ``COMPILE_CACHE_READ_ONLY``; a store that exists
@@ -81,7 +82,11 @@ class Store:
             raise TypeError(
                 f"signing_key must be bytes, str or None, got {type(signing_key).__name__}"
             )
+        #: On object storage (``s3://...``): its objects, ``root`` its local tier (:mod:`.remote`).
+        self.remote, path, source = remote_location(path)
         self.root, self.location_source = resolve_location(path)
+        self.location_source = source or self.location_source  # location: as shown, no credentials
+        self.location: str = self.remote.display if self.remote else str(self.root)
         self.shared_group: bool = config.SHARED.value()
         self.dir_mode, self.file_mode = (0o2775, 0o664) if self.shared_group else (0o700, 0o600)
         if max_size is None:
@@ -143,7 +148,7 @@ class Store:
     # -- plumbing --------------------------------------------------------------------------------
     def __repr__(self) -> str:
         ro = ", read_only" if self.read_only else ""
-        return f"Store({str(self.root)!r}, source={self.location_source}{ro})"
+        return f"Store({self.location!r}, source={self.location_source}{ro})"
 
     def _go_read_only(self, reason: str) -> None:
         # Logged only: the one user-visible warning comes with the first skipped publish.
@@ -176,6 +181,8 @@ class Store:
         """Mark ``key`` used now (LRU): the ``used`` file's mtime, created with the store's mode."""
         if self.read_only:
             return
+        if self.remote is not None:
+            self.remote.record_use(self, key)
         used = self.layout.used_file(key)
         try:
             os.utime(used)
@@ -232,11 +239,6 @@ class Store:
         """Count a fallback from the native fingerprint backend to the reference one."""
         self._bump(backend_fallbacks=1)
 
-    def record_precompile(self, *, hits: int = 0, declined: int = 0, load_errors: int = 0) -> None:
-        """Count region groups whose precompile entry loaded, declined, or failed to load."""
-        self._bump(precompile_hits=hits, precompile_declined=declined,
-                   precompile_load_errors=load_errors)
-
     def record_failed_hit(self, key: str) -> None:
         """The hit counted for ``key`` was not one after all (torch could not load what the
         restore put in place): it becomes a miss."""
@@ -251,22 +253,19 @@ class Store:
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus the store's size, cap and location.
 
-        Keys: every counter (``hits``, ``partial_hits``, ``misses``, ``local_hits``, ``errors``,
-        ``corrupt``, ``incompatible``, ``publishes``, ``bytes_published``, ``bytes_restored``,
-        ``seconds_saved``, ``compile_seconds``, ``evictions``, ``evicted_bytes``,
-        ``backend_fallbacks``, ``signature_mismatch``, ``load_failures``, ``lock_fallbacks``,
-        ``untrusted``, ``precompile_hits``, ``precompile_declined``, ``precompile_load_errors``,
-        the size counter ``stored_bytes`` and ``size_recounts``),
-        ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
-        ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
-        ``read_only``, ``read_only_reason``, ``lock_mode``.
+        Keys: every counter of :data:`~compile_cache.store.stats.COUNTERS`, ``errors_by_kind``,
+        ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``, ``size_human``,
+        ``max_size_human``, ``quarantined``, ``location``, ``location_source``, ``read_only``,
+        ``read_only_reason``, ``lock_mode``; on object storage also ``local_tier(_size)``.
         """
-        return stats.summary(self)
+        return self.remote.summary(self, stats.summary(self)) if self.remote else stats.summary(self)
 
     def zero_stats(self) -> None:
         """Reset every counter to zero (entries are kept)."""
         self._require_writable("zero the stats")
         stats.zero(self, size=maintenance.total_size(self))  # the size counter stays
+        if self.remote is not None:
+            self.remote.zero(self)
 
     # -- publish / load --------------------------------------------------------------------------
     def publish(
@@ -293,7 +292,10 @@ class Store:
         May evict least-recently-used entries afterwards to stay under ``max_size`` (by the size
         counter: no walk of the store).
         """
-        return publishing.publish(self, key, members, metadata, entry_info, compile_seconds, member_info)
+        info = publishing.publish(self, key, members, metadata, entry_info, compile_seconds, member_info)
+        if self.remote is not None:
+            self.remote.push(self, key)  # also what an earlier publish could not put
+        return info
 
     def _entry_record(self, key: str, entry_info: Mapping[str, Any] | None) -> dict[str, Any]:
         record: dict[str, Any] = {"created": time.time(), "torch": torch_version(), "host": HOSTNAME}
@@ -329,6 +331,8 @@ class Store:
         (the caller knows whether the restore worked: :meth:`record_hit`, :meth:`record_miss`);
         it marks the entry used.
         """
+        if self.remote is not None:
+            self.remote.fetch(self, check_key(key))
         return loading.load(self, key)
 
     def _check_pack(
@@ -377,7 +381,8 @@ class Store:
 
     def has(self, key: str) -> bool:
         """Whether ``key`` has at least one pack (unverified: :meth:`load` checks them)."""
-        return bool(self.layout.pack_paths(check_key(key)))
+        check_key(key)
+        return self.remote.has(self, key) if self.remote else bool(self.layout.pack_paths(key))
 
     def lock(self, key: str, timeout: float | None = 60.0, wait_alive: float | None = None) -> BaseLock:
         """A lock for ``key`` (``with store.lock(key): ...``): only avoids duplicate compiles.
@@ -393,12 +398,14 @@ class Store:
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
         """The :class:`EntryInfo` of ``key``, or ``None`` if it has no entry directory."""
+        if self.remote is not None:  # a remote store: its packs, fetched into the local tier
+            self.remote.fetch(self, check_key(key))
         return EntryInfo.read(self.layout, check_key(key))
 
     def entries(self) -> list[EntryInfo]:
         """Every entry, sorted by key."""
-        out = []
-        for key in self.layout.keys():
+        out: list[EntryInfo] = self.remote.entries(self) if self.remote else []
+        for key in () if self.remote else self.layout.keys():
             info = self.entry(key)
             if info is not None:
                 out.append(info)
@@ -425,7 +432,7 @@ class Store:
             if not self.max_size:
                 return []
             max_size = self.max_size
-        return maintenance.evict(
+        return (self.remote.evict if self.remote else maintenance.evict)(
             self,
             None if max_size is None else parse_size(max_size, name="max_size"),
             None if older_than is None else parse_age(older_than, name="older_than"),
@@ -436,7 +443,7 @@ class Store:
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""
         self._require_writable("clear")
-        return maintenance.clear(self)
+        return self.remote.clear(self) if self.remote else maintenance.clear(self)
 
     def verify(
         self, fix: bool = False, *, temp_age: float = maintenance.ORPHAN_AGE,
@@ -458,6 +465,8 @@ class Store:
         temp_age = check_seconds("temp_age", temp_age)
         if fix:
             self._require_writable("fix the store")
+        if self.remote is not None:
+            return self.remote.verify(self, fix, temp_age, None if labels is None else frozenset(labels))
         return maintenance.verify(self, fix, temp_age, lock_stale_after,
                                   None if labels is None else frozenset(labels))
 
@@ -468,6 +477,8 @@ class Store:
         ``.tar.gz``/``.tgz`` names are gzip-compressed. Corrupt packs are skipped (and
         quarantined). Returns the number of packs exported. Unknown ``keys`` raise StoreError.
         """
+        if self.remote is not None:  # the URL's entries, through the local tier
+            keys = self.remote.fetch_all(self, keys)
         return archive.export(self, path, keys)
 
     def import_archive(self, path: str | os.PathLike[str]) -> ImportReport:
@@ -483,4 +494,7 @@ class Store:
         the store untouched. Raises :class:`StoreError` on a read-only store.
         """
         self._require_writable("import")
-        return archive.import_archive(self, path)
+        report = archive.import_archive(self, path)
+        for key in report.keys if self.remote else ():
+            self.remote.push(self, key, strict=True)  # type: ignore[union-attr]
+        return report

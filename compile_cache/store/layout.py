@@ -10,6 +10,17 @@
       v1/locks/<key>.lock | <key>.lockdir    see compile_cache.locks
       v1/tmp/                                entries being evicted (renamed here, then deleted)
       v1/misses/<key>.json                   the last misses, with what the missing start used (explain)
+
+A store on object storage (``s3://bucket/prefix``...) has the same shape under its URL
+(:class:`RemoteLayout`), minus what only a filesystem needs (locks, tmp), plus append-only
+objects where a directory store rewrites a file::
+
+    <url>/v1/entries/<key[:2]>/<key>/entry.json, packs/<content-hash>.pack
+    <url>/v1/entries/<key[:2]>/<key>/used/<ns>-<host>-<pid>-<rand>   one empty object per use
+    <url>/v1/stats/<host>-<pid>-<rand>.json            one process's counters (only it writes it)
+    <url>/v1/quarantine/<key>-<pack>-<time>.pack       packs that failed their checks
+
+and a local read-through tier that is an ordinary directory store (see :mod:`.remote`).
 """
 
 from __future__ import annotations
@@ -18,12 +29,13 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._paths import HOSTNAME
 
-__all__ = ["LAYOUT_DIR", "PACK_RE", "Layout"]
+__all__ = ["LAYOUT_DIR", "PACK_RE", "Layout", "RemoteEntry", "RemoteLayout"]
 
 LAYOUT_DIR = "v1"
 PACK_RE = re.compile(r"([0-9a-f]{32})\.pack")
@@ -127,3 +139,81 @@ class Layout:
                 raise
             return []
         return [packs_dir / n for n in sorted(names) if PACK_RE.fullmatch(n)]
+
+
+@dataclass
+class RemoteEntry:
+    """One key's objects in an object-storage store, from one listing."""
+
+    key: str
+    packs: dict[str, int] = field(default_factory=dict)  # content hash -> size
+    entry_json: int | None = None  # its size, None if absent
+    uses: list[str] = field(default_factory=list)  # use-object names, oldest first
+    size: int = 0  # every object of the entry
+    newest: float = 0.0  # newest modification time the listing gave
+
+    @property
+    def last_used(self) -> float:
+        """The newest use record's time (its name starts with the time in ns), else ``newest``."""
+        for name in reversed(self.uses):
+            head = name.split("-", 1)[0]
+            if head.isdigit():
+                return int(head) / 1e9
+        return self.newest
+
+
+class RemoteLayout:
+    """Every object name of a store on object storage (relative to its URL)."""
+
+    base = LAYOUT_DIR
+    entries_dir = f"{LAYOUT_DIR}/entries"
+    stats_dir = f"{LAYOUT_DIR}/stats"
+    quarantine_dir = f"{LAYOUT_DIR}/quarantine"
+
+    def entry_dir(self, key: str) -> str:
+        return f"{self.entries_dir}/{key[:2]}/{key}"
+
+    def pack_object(self, key: str, name: str) -> str:
+        return f"{self.entry_dir(key)}/packs/{name}.pack"
+
+    def entry_json(self, key: str) -> str:
+        return f"{self.entry_dir(key)}/entry.json"
+
+    def use_object(self, key: str) -> str:
+        return f"{self.entry_dir(key)}/used/{time.time_ns()}-{HOSTNAME}-{os.getpid()}-{secrets.token_hex(3)}"
+
+    def use_dir(self, key: str) -> str:
+        return f"{self.entry_dir(key)}/used"
+
+    def stats_object(self) -> str:
+        """This process's own counters object (a name no other process uses)."""
+        return f"{self.stats_dir}/{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}.json"
+
+    def quarantine_object(self, key: str, name: str) -> str:
+        return f"{self.quarantine_dir}/{key}-{name}-{int(time.time())}-{secrets.token_hex(2)}.pack"
+
+    def entries(self, listing: Mapping[str, object]) -> dict[str, RemoteEntry]:
+        """The entries an ``entries_dir`` listing (name -> ObjectInfo) shows, by key."""
+        out: dict[str, RemoteEntry] = {}
+        prefix = self.entries_dir + "/"
+        for name, info in listing.items():
+            if not name.startswith(prefix):
+                continue
+            parts = name[len(prefix):].split("/")
+            if len(parts) < 3 or not _PREFIX_RE.fullmatch(parts[0]) or not _KEY_RE.fullmatch(parts[1]) \
+                    or not parts[1].startswith(parts[0]):
+                continue
+            entry = out.setdefault(parts[1], RemoteEntry(parts[1]))
+            size = int(getattr(info, "size", 0))
+            entry.size += size
+            entry.newest = max(entry.newest, float(getattr(info, "mtime", 0.0)))
+            rest = parts[2:]
+            if rest == ["entry.json"]:
+                entry.entry_json = size
+            elif len(rest) == 2 and rest[0] == "packs" and (m := PACK_RE.fullmatch(rest[1])):
+                entry.packs[m.group(1)] = size
+            elif len(rest) == 2 and rest[0] == "used":
+                entry.uses.append(rest[1])
+        for entry in out.values():
+            entry.uses.sort(key=lambda n: (len(n.split("-", 1)[0]), n))
+        return dict(sorted(out.items()))

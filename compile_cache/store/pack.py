@@ -260,16 +260,21 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
 def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:
     """Read only a pack's header (no checksum): ``(header, flags-signed, body_len)``. For listings."""
     with open(path, "rb") as fh:
-        prefix = fh.read(_PREFIX.size + 4)
-        if len(prefix) < _PREFIX.size + 4:
-            raise CorruptPackError("truncated pack")
-        flags, body_len, _d, _m = _parse_prefix(prefix)
-        (header_len,) = _U32.unpack_from(prefix, _PREFIX.size)
-        if header_len > min(body_len - 4, MAX_HEADER_BYTES):
-            raise CorruptPackError("oversized pack header")
-        raw = fh.read(header_len)
-        if len(raw) != header_len:
-            raise CorruptPackError("truncated pack header")
+        return read_pack_header_from(fh)
+
+
+def read_pack_header_from(fh: Any) -> tuple[dict[str, Any], bool, int]:
+    """:func:`read_pack_header` of an open file (a local one, or an object store's ranged reads)."""
+    prefix = fh.read(_PREFIX.size + 4)
+    if len(prefix) < _PREFIX.size + 4:
+        raise CorruptPackError("truncated pack")
+    flags, body_len, _d, _m = _parse_prefix(prefix)
+    (header_len,) = _U32.unpack_from(prefix, _PREFIX.size)
+    if header_len > min(body_len - 4, MAX_HEADER_BYTES):
+        raise CorruptPackError("oversized pack header")
+    raw = fh.read(header_len)
+    if len(raw) != header_len:
+        raise CorruptPackError("truncated pack header")
     return _parse_header(raw), bool(flags & FLAG_SIGNED), body_len
 
 

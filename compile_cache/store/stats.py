@@ -81,6 +81,12 @@ COUNTERS: tuple[str, ...] = (
     "precompile_hits",
     "precompile_declined",
     "precompile_load_errors",
+    # a store on object storage (compile_cache.store.remote)
+    "remote_errors",
+    "remote_downloads",
+    "bytes_downloaded",
+    "remote_uploads",
+    "bytes_uploaded",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 #: a start's outcome -> the counter it bumps
@@ -111,6 +117,8 @@ def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]
 def bump(store: Store, delta: Mapping[str, Any]) -> None:
     """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
     add_counts(store._pending, delta)
+    if getattr(store, "remote", None) is not None:
+        store.remote.count(store, dict(delta))  # the URL's counters (this process's object)
     if store.read_only or not store.layout.base.is_dir():
         return  # kept in memory: a vanished store is not re-created just for counters
     n = shard_index()
@@ -130,6 +138,14 @@ def bump(store: Store, delta: Mapping[str, Any]) -> None:
             store._pending = {}
     except OSError as exc:
         logger.debug("could not update stats %s: %s", shard, exc)
+
+
+def record_precompile(store: Store, *, hits: int = 0, declined: int = 0,
+                      load_errors: int = 0) -> None:
+    """Count region groups whose precompile entry loaded, declined, or failed to load
+    (:mod:`compile_cache.precompiled`)."""
+    bump(store, {"precompile_hits": hits, "precompile_declined": declined,
+                 "precompile_load_errors": load_errors})
 
 
 def saved_seconds(store: Store, key: str) -> float:

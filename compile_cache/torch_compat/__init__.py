@@ -15,7 +15,9 @@ failures, cache entries, recompile limit, the OptimizedModule check), :mod:`.pre
 (Dynamo's caching precompile, with its guard filter, entry names and pins),
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.c10d` (the default c10d store),
-:mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts).
+:mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
+:mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks) and
+:mod:`.kv_calls` (how a block with a cache is called: the eager update or a layer view).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs")
+MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv_cache")
 
 
 class TorchCompatWarning(RuntimeWarning):

@@ -14,6 +14,12 @@ capability (see :mod:`compile_cache.torch_compat`):
 ``dynamo.config``          ``torch._dynamo.config.recompile_limit`` and ``.disable``.
 ``dynamo.optimized_module``  ``torch._dynamo.eval_frame.OptimizedModule``: refuse a model that
                            ``torch.compile`` already wrapped.
+``dynamo.isolate_recompiles``  ``torch.compile(isolate_recompiles=True)`` and
+                           ``eval_frame._get_cache_entries_for_region``: one compile per group, with
+                           its own recompile bucket for its code and its resume functions.
+``dynamo.resume_functions``  ``resume_execution.ContinueExecutionCache.cache`` and
+                           ``counters["frames"]``: the part of a block after a graph break that hits
+                           the recompile limit (and runs uncompiled) is seen and reported.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 from . import available, capability, mark_missing
@@ -34,11 +41,14 @@ __all__ = [
     "cache_entries",
     "check_counters",
     "compile_disabled",
+    "compile_group",
+    "frames_seen",
     "guard_failures",
     "import_compile_stack",
     "is_optimized_module",
     "raise_recompile_limit",
     "recompile_limit",
+    "resume_codes_at_limit",
 ]
 
 # The counter names torch's caches bump (torch/_inductor/codecache.py, autograd_cache.py).
@@ -184,16 +194,117 @@ def _probe_cache_entries() -> str | None:
     return None
 
 
-def cache_entries(code: Any) -> int:
-    """How many compiled entries Dynamo holds for ``code``; -1 when it cannot tell."""
+def cache_entries(code: Any, region: int = -1) -> int:
+    """How many compiled entries Dynamo holds for ``code`` (in the recompile bucket of the
+    ``region`` :func:`compile_group` returned, when given); -1 when it cannot tell."""
     if not available("dynamo.cache_entries"):
         return -1
+    if region >= 0:
+        if not available("dynamo.isolate_recompiles"):
+            return -1
+        from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+        try:
+            return len(_get_cache_entries_for_region(code, region))
+        except Exception:
+            return -1
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     try:
         return len(_debug_get_cache_entry_list(code))
     except Exception:
         return -1
+
+
+@capability(
+    "dynamo.isolate_recompiles",
+    needs="torch.compile(isolate_recompiles=...) and "
+    "torch._dynamo.eval_frame._get_cache_entries_for_region",
+    breaks="identical blocks compile with one torch.compile call each, so the code after a graph "
+    "break (a resume function, shared by every model of the block's class) counts one recompile "
+    "limit for all of them",
+)
+def _probe_isolate() -> str | None:
+    import inspect
+
+    import torch
+    from torch._dynamo import eval_frame
+
+    if "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+        return "torch.compile takes no 'isolate_recompiles'"
+    if not callable(getattr(eval_frame, "_get_cache_entries_for_region", None)):
+        return "torch._dynamo.eval_frame has no _get_cache_entries_for_region"
+    return None
+
+
+_GROUPS: dict[Any, tuple[Any, int]] = {}
+_GROUPS_LOCK = threading.Lock()
+
+
+def compile_group(fn: Any, key: Any, **compile_kwargs: Any) -> tuple[Any, int] | None:
+    """``torch.compile(fn, isolate_recompiles=True, ...)`` and the id of its recompile bucket
+    (what :func:`cache_entries` and the recompile limit count), made once per ``key`` and
+    keywords; None where torch lacks it."""
+    if not available("dynamo.isolate_recompiles"):
+        return None
+    import torch
+
+    key = (key, compile_kwargs.get("recompile_limit"))
+    with _GROUPS_LOCK:
+        group = _GROUPS.get(key)
+        if group is None:
+            compiled = torch.compile(fn, isolate_recompiles=True, **compile_kwargs)
+            group = _GROUPS[key] = (compiled, int(getattr(compiled, "_isolate_recompiles_id", -1)))
+    return group
+
+
+@capability(
+    "dynamo.resume_functions",
+    needs="torch._dynamo.resume_execution.ContinueExecutionCache.cache and "
+    "torch._dynamo.utils.counters['frames']",
+    breaks="the part of a block after a graph break (the KV-cache update) that reaches the "
+    "recompile limit runs uncompiled without a RegionEagerWarning",
+)
+def _probe_resume() -> str | None:
+    from torch._dynamo import utils
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    if not isinstance(getattr(getattr(ContinueExecutionCache, "cache", None), "values", None), dict):
+        return "ContinueExecutionCache.cache has no dict 'values'"
+    if not hasattr(getattr(utils, "counters", None), "__getitem__"):
+        return "torch._dynamo.utils has no counters"
+    return None
+
+
+_FRAMES: list[Any] = []
+
+
+def frames_seen() -> int:
+    """Frames Dynamo tried to convert so far (``counters["frames"]["total"]``; a cache hit does
+    not count): a change during a call means something compiled or was refused. 0 when missing."""
+    if not _FRAMES:
+        if not available("dynamo.resume_functions"):
+            return 0
+        from torch._dynamo.utils import counters
+
+        _FRAMES.append(counters)
+    return int(_FRAMES[0]["frames"]["total"])
+
+
+def resume_codes_at_limit(region: int, limit: int) -> list[tuple[str, int]]:
+    """Resume functions (the code after a graph break) with at least ``limit`` entries in the
+    recompile bucket ``region``: Dynamo runs them uncompiled from now on. ``(name, entries)``."""
+    if not available("dynamo.resume_functions"):
+        return []
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    found = []
+    for by_key in list(ContinueExecutionCache.cache.values.values()):
+        for code in list(by_key.values()):
+            entries = cache_entries(code, region)
+            if entries >= limit:
+                found.append((code.co_name, entries))
+    return found
 
 
 @capability(

@@ -60,6 +60,7 @@ __all__ = [
     "ENTRY_FORMAT",
     "IsolatedCall",
     "PrecompiledFunction",
+    "compile_group_isolated",
     "compile_isolated",
     "entry_name",
     "global_flag_on",
@@ -155,6 +156,18 @@ def compile_isolated(fn: Callable[..., Any], **compile_kwargs: Any) -> Callable[
 
     with dynamo_config.patch(caching_precompile=False):
         return IsolatedCall(torch.compile(fn, **compile_kwargs))
+
+
+def compile_group_isolated(fn: Callable[..., Any], key: Any,
+                           **compile_kwargs: Any) -> tuple[Any, int] | None:
+    """:func:`.dynamo.compile_group` with ``caching_precompile`` off at compile and at every call."""
+    import torch._dynamo.config as dynamo_config
+
+    from . import dynamo
+
+    with dynamo_config.patch(caching_precompile=False):
+        group = dynamo.compile_group(fn, key, **compile_kwargs)
+    return None if group is None else (IsolatedCall(group[0]), group[1])
 
 
 # --------------------------------------------------------------------------------------------

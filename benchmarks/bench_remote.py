@@ -1,0 +1,226 @@
+"""Fresh-node time to first output restoring from object storage vs from a local directory store.
+
+GPT-2 from transformers (random weights), CPU, batch 1 x ``--seq``, ``torch.no_grad()``,
+``compile_cache.compile_regions``. One cold start publishes into a directory store; its entries
+are exported and imported into ``s3://bench/cache`` on moto's S3 server (started here on
+127.0.0.1), so both stores hold the same packs. Then, alternately, ``--repeats`` fresh nodes
+restore from each (every node: new TMPDIR, HOME, XDG_CACHE_HOME, Inductor and Triton dirs, and a
+new, empty local tier for the S3 store), side by side in one run:
+
+  dir node   COMPILE_CACHE_DIR=<directory>      (NFS/Lustre-style shared directory)
+  s3 node    COMPILE_CACHE_DIR=s3://bench/cache (the local tier starts empty: every pack is downloaded)
+
+It reports each one's median TTFO (compile call to end of first forward) and whole-process time,
+the FX-graph misses (0 on a real hit), the bytes each start moved (S3: downloaded + uploaded,
+from the local tier's counters; directory: the pack bytes restored) and the ratio s3 / dir.
+Goal: ratio <= 1.1.
+
+    python benchmarks/bench_remote.py                         # GPT-2 4x256
+    python benchmarks/bench_remote.py --models 2x64 --seq 16 --repeats 1   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import build_gpt2, machine, parse_model_spec, prime_precompiled_header, run_child  # noqa: E402
+
+GOAL = 1.1
+URL = "s3://bench/cache"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
+          "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _child(args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    import torch
+
+    import compile_cache
+
+    model, tokens = build_gpt2(args.layers, args.width, max(1, args.width // 64), args.seq)
+    setup_s = time.perf_counter() - started
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        compile_cache.compile_regions(model, cache_dir=args.store)
+        model(tokens, use_cache=False)
+        ttfo = time.perf_counter() - t0
+    from torch._dynamo.utils import counters
+
+    report = compile_cache.last_report()
+    return {"ttfo_s": ttfo, "setup_s": setup_s, "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
+            "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
+            "restored_bytes": report.restored_bytes if report else 0,
+            "published_packs": report.published_packs if report else 0}
+
+
+class _Moto:
+    """moto's S3 server on a free port of 127.0.0.1, in its own process group."""
+
+    def __init__(self, log: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self._log = open(log, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start (see {log})") from None
+                time.sleep(0.1)
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/bench", method="PUT"), timeout=10).close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+
+def _node_env(base: str, server: _Moto, store: str) -> dict[str, str]:
+    """A fresh node: everything machine-wide torch keeps is new and empty."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "AWS_"))}
+    for name in ("tmp", "home", "xdg", "inductor", "triton", "tier"):
+        os.makedirs(os.path.join(base, name), exist_ok=True)
+    env.update(S3_ENV, AWS_ENDPOINT_URL=server.endpoint, TMPDIR=os.path.join(base, "tmp"),
+               HOME=os.path.join(base, "home"), XDG_CACHE_HOME=os.path.join(base, "xdg"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(base, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(base, "triton"),
+               COMPILE_CACHE_LOCAL_TIER=os.path.join(base, "tier"), COMPILE_CACHE_DIR=store)
+    return env
+
+
+def _start(args: argparse.Namespace, model: str, base: str, server: _Moto, store: str) -> dict:
+    layers, width = parse_model_spec(model)
+    argv = [os.path.abspath(__file__), "--child", "--layers", str(layers), "--width", str(width),
+            "--seq", str(args.seq), "--store", store]
+    result = run_child(argv, _node_env(base, server, store), timeout=args.timeout)
+    if store.startswith("s3://"):
+        from compile_cache.store import Store
+        from compile_cache.store.remote import local_tier_dir
+
+        previous = os.environ.get("COMPILE_CACHE_LOCAL_TIER")
+        os.environ["COMPILE_CACHE_LOCAL_TIER"] = os.path.join(base, "tier")
+        try:
+            counts = Store(local_tier_dir(store)).stats()
+        finally:
+            if previous is None:
+                os.environ.pop("COMPILE_CACHE_LOCAL_TIER")
+            else:
+                os.environ["COMPILE_CACHE_LOCAL_TIER"] = previous
+        result["bytes_moved"] = counts["bytes_downloaded"] + counts["bytes_uploaded"]
+        result["remote_errors"] = counts["remote_errors"]
+        result["downloads"] = counts["remote_downloads"]
+    else:
+        result["bytes_moved"] = result["restored_bytes"]
+    return result
+
+
+def _copy_to_s3(directory: str, server: _Moto, work: str) -> None:
+    """The directory store's entries into s3://bench/cache (export, then import: both CLIs' code)."""
+    from compile_cache.store import Store
+
+    archive = os.path.join(work, "entries.tar")
+    Store(directory).export(archive)
+    saved = {k: os.environ.get(k) for k in (*S3_ENV, "AWS_ENDPOINT_URL", "COMPILE_CACHE_LOCAL_TIER")}
+    os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.endpoint,
+                      COMPILE_CACHE_LOCAL_TIER=os.path.join(work, "import-tier"))
+    try:
+        Store(URL).import_archive(archive)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _summary(runs: list[dict]) -> dict:
+    ttfo = [r["ttfo_s"] for r in runs]
+    return {"ttfo_s": statistics.median(ttfo), "ttfo_samples": [round(t, 3) for t in ttfo],
+            "process_s": statistics.median(r["process_s"] for r in runs),
+            "fxgraph_miss": max(r["fxgraph_miss"] for r in runs),
+            "fxgraph_hit": min(r["fxgraph_hit"] for r in runs),
+            "bytes_moved": statistics.median(r["bytes_moved"] for r in runs),
+            "remote_errors": sum(r.get("remote_errors", 0) for r in runs)}
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    prime_precompiled_header()
+    with tempfile.TemporaryDirectory(prefix="bench_remote_") as work:
+        server = _Moto(os.path.join(work, "moto.log"))
+        try:
+            for model in args.models:
+                directory = os.path.join(work, model, "dir-store")
+                print(f"[{model}] cold start publishing into a directory store", file=sys.stderr, flush=True)
+                cold = _start(args, model, os.path.join(work, model, "cold"), server, directory)
+                _copy_to_s3(directory, server, os.path.join(work, model))
+                runs: dict[str, list[dict]] = {"dir node": [], "s3 node": []}
+                for i in range(max(1, args.repeats)):
+                    for scenario, store in (("dir node", directory), ("s3 node", URL)):
+                        base = os.path.join(work, model, f"{scenario.split()[0]}-{i}")
+                        result = _start(args, model, base, server, store)
+                        print(f"[{model}] {scenario} #{i}: TTFO {result['ttfo_s']:.2f} s, "
+                              f"{result['bytes_moved']} bytes moved", file=sys.stderr, flush=True)
+                        runs[scenario].append(result)
+                dir_row, s3_row = _summary(runs["dir node"]), _summary(runs["s3 node"])
+                ratio = s3_row["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None
+                rows.append({"model": model, "cold_ttfo_s": cold["ttfo_s"], "dir": dir_row, "s3": s3_row,
+                             "ratio": ratio, "goal_met": ratio is not None and ratio <= GOAL})
+        finally:
+            server.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["4x256"], help="LAYERSxWIDTH GPT-2 shapes")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="fresh nodes per store (median)")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args)))
+        return 0
+    rows = run(args)
+    data = {"benchmark": "remote", "machine": machine(), "seq": args.seq, "repeats": args.repeats,
+            "goal": GOAL, "rows": rows}
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{'model':8} {'store':9} {'TTFO s':>8} {'process s':>10} {'FX miss':>8} {'bytes moved':>12}")
+    for row in rows:
+        for label in ("dir", "s3"):
+            r = row[label]
+            print(f"{row['model']:8} {label:9} {r['ttfo_s']:8.2f} {r['process_s']:10.2f} "
+                  f"{r['fxgraph_miss']:8d} {int(r['bytes_moved']):12d}")
+        verdict = "met" if row["goal_met"] else "NOT met"
+        print(f"{row['model']:8} ratio s3 / dir = {row['ratio']:.3f} (goal <= {GOAL}: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

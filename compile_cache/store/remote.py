@@ -1,0 +1,420 @@
+"""A store on object storage: a local read-through tier plus the objects under a URL.
+
+A :class:`~compile_cache.store.Store` opened on ``s3://bucket/prefix`` (or ``gs://``, ``az://``,
+``memory://``) is an ordinary directory store, its *local tier* (``COMPILE_CACHE_LOCAL_TIER``,
+default ``$XDG_CACHE_HOME/compile_cache/remote``, one directory per URL by its hash, bounded by the store's size
+cap), with a :class:`RemoteTier` behind it:
+
+* **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
+  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``), check each as a load does (limits, checksum,
+  signature, members, its content name) before it is put in place; then restore from local disk.
+  A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
+  once, and moved to the URL's quarantine (or, read-only, skipped by this process).
+* **publish**: write locally, then put each pack the URL lacks. Packs are named by their content,
+  so a put is a plain put; ``If-None-Match`` (where the backend has it) only saves a duplicate
+  upload, correctness never depends on it.
+* **last use**: one empty, append-only object per use (``used/<time>-<host>-<pid>-<rand>``, at
+  most one per key and process an hour): no read-modify-write.
+* **stats**: every process writes its own counters object; ``stats`` sums them.
+* **faults**: a request that fails its retries (:mod:`.backend`) is a miss: one warning, a
+  counter (``remote_errors``), and the job goes on from what the local tier holds. Maintenance
+  (``ls``, ``verify``, ``prune``...) raises :class:`~compile_cache.store.backend.RemoteError`.
+
+The object names are :class:`~compile_cache.store.layout.RemoteLayout`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import config
+from .._paths import temp_path
+from ..errors import CorruptPackError
+from . import maintenance, remote_verify
+from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
+from .backend import FsspecBackend, RemoteError, TooLargeError, is_url, redact
+from .layout import RemoteEntry, RemoteLayout
+from .pack import MAX_HEADER_BYTES, PackLimitError, read_pack_header_from
+from .records import EntryInfo, PackInfo, VerifyReport
+from .remote_verify import check_downloaded, json_ok
+from .stats import COUNTERS, add_counts
+
+if TYPE_CHECKING:
+    from .core import Store
+
+__all__ = ["RemoteTier", "local_tier_dir", "remote_location"]
+
+logger = logging.getLogger("compile_cache")
+
+#: A key's use is recorded at most this often per process (its LRU time, not a counter).
+USE_EVERY = 3600.0
+#: Counters of the local tier alone (its size and its own evictions), not the URL's.
+_LOCAL_ONLY = frozenset({"stored_bytes", "size_recounts", "evictions", "evicted_bytes"})
+#: Packs up to this size are put with If-None-Match from memory; larger ones are streamed.
+_CONDITIONAL_PUT_MAX = 64 << 20
+
+
+def local_tier_dir(url: str) -> Path:
+    """The local tier of the store at ``url``: under ``COMPILE_CACHE_LOCAL_TIER``, else under the
+    XDG cache (or ``~/.cache``) ``compile_cache/remote/``, by a hash of the URL, so two URLs
+    never share a tier."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    chosen = (config.LOCAL_TIER.value() or "").strip()
+    if chosen:
+        return Path(chosen).expanduser().absolute() / digest
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "compile_cache" / "remote" / digest
+
+
+def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteTier | None, Any, str | None]:
+    """For a store on object storage (the ``path`` argument or ``COMPILE_CACHE_DIR`` is a URL
+    such as ``s3://bucket/prefix``): ``(RemoteTier, its local tier directory, source)``; for a
+    directory: ``(None, path, None)``. fsspec is imported only here, and only for a URL."""
+    text, source = (path, "argument") if path is not None else (config.DIR.value(), "COMPILE_CACHE_DIR")
+    if not is_url(text):
+        return None, path, None
+    tier = RemoteTier(str(text).strip())
+    return tier, tier.local_root, source
+
+
+class RemoteTier:
+    """The objects of a store under ``url`` (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        #: The URL as shown (never with a ``user:password@`` part).
+        self.display = redact(self.url)
+        self.backend = FsspecBackend(self.url)
+        self.layout = RemoteLayout()
+        self.local_root = local_tier_dir(self.url)
+        with contextlib.suppress(OSError):  # private, like every store directory
+            self.local_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._counts: dict[str, Any] = {}
+        self._stats_object = self.layout.stats_object()
+        self._used: dict[str, float] = {}
+        self._skip: set[tuple[str, str]] = set()  # corrupt packs this process could not set aside
+
+    def __repr__(self) -> str:
+        return f"RemoteTier({self.display!r})"
+
+    def _fault(self, store: Store, what: str, exc: BaseException) -> None:
+        """A fault is a miss: one warning per store and process, and a counter."""
+        warn_once(store.root, "remote-fault", f"compile cache {self.display}: {what} failed ({exc}); "
+                  "treated as a miss, the job goes on without the object store")
+        store._bump(remote_errors=1)
+
+    def _entry(self, key: str) -> RemoteEntry | None:
+        listing = self.backend.list(self.layout.entry_dir(key))
+        return self.layout.entries(listing).get(key)
+
+    # -- what a job does ---------------------------------------------------------------------
+    def fetch(self, store: Store, key: str, *, strict: bool = False) -> int:
+        """Download the packs of ``key`` the local tier lacks, each checked before it is put in
+        place; returns the bytes downloaded. A fault is a miss (``strict``: raises)."""
+        try:
+            entry = self._entry(key)
+            if entry is None:
+                return 0
+            present = {p.stem for p in store.layout.pack_paths(key)}
+            missing = [n for n in entry.packs if n not in present and (key, n) not in self._skip]
+            if not missing:
+                return 0
+            store._mkdirs(store.layout.packs_dir(key))
+            local_json = store.layout.entry_json(key)
+            if entry.entry_json is not None and not local_json.exists():
+                data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
+                if data is not None and json_ok(data):
+                    store._write(local_json, data, fsync=False)
+            moved = downloaded = 0
+            for name in missing:
+                size = self._download(store, key, name)
+                if size:
+                    moved += size
+                    downloaded += 1
+        except RemoteError as exc:
+            if strict:
+                raise
+            self._fault(store, f"restoring {key[:12]}", exc)
+            return 0
+        except OSError as exc:  # the local tier: full, read-only
+            store._io_error("download", exc, store.layout.packs_dir(key))
+            return 0
+        if downloaded:
+            store._bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=moved)
+            if store.max_size:
+                with contextlib.suppress(OSError):
+                    maintenance.enforce_cap(store, protect={key})
+        return moved
+
+    def _download(self, store: Store, key: str, name: str) -> int:
+        """One pack into the local tier (temp file, checked, fsync, rename); its size or 0."""
+        target = store.layout.pack_path(key, name)
+        tmp = temp_path(target)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), store.file_mode)
+        try:
+            os.fchmod(fd, store.file_mode)
+            with os.fdopen(fd, "w+b") as out:
+                try:
+                    size = self.backend.download(self.layout.pack_object(key, name), out, store.limits.max_pack_size)
+                except FileNotFoundError:
+                    return 0  # evicted meanwhile: a miss for this pack
+                except TooLargeError as exc:
+                    self._corrupt(store, key, name, exc, None, keep=True)
+                    return 0
+                out.flush()
+                os.fsync(out.fileno())
+            problem = check_downloaded(store, tmp, key, name)
+            if problem is not None:
+                # Over this reader's limits is not broken for every reader: left in place.
+                self._corrupt(store, key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
+                return 0
+            os.replace(tmp, target)
+            return size
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _corrupt(self, store: Store, key: str, name: str, exc: BaseException, local: Path | None,
+                 *, keep: bool = False) -> None:
+        """A pack object that fails its checks: counted, warned once, moved to the URL's
+        quarantine (kept there a week for inspection), or (``keep``, read-only) skipped by this
+        process."""
+        where = "skipped"
+        if not store.read_only and not keep and local is not None:
+            try:
+                self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
+                self.backend.delete([self.layout.pack_object(key, name)])
+                where = "moved to the store's quarantine"
+            except RemoteError as err:
+                logger.debug("could not set %s aside: %s", name, err)
+        if where == "skipped":
+            self._skip.add((key, name))
+        warn_once(store.root, "remote-corrupt", f"compile cache {self.display}: pack {name} of "
+                  f"{key[:12]} is unusable ({exc}); treated as a miss and {where}")
+        store._bump(corrupt=1)
+
+    def fetch_all(self, store: Store, keys: Any) -> list[str]:
+        """Fetch ``keys`` (None: every key under the URL) into the local tier (faults raise)."""
+        from ._io import key_list
+
+        chosen = key_list(keys) if keys is not None else list(self.listing())
+        for key in chosen:
+            self.fetch(store, key, strict=True)
+        return chosen
+
+    def push(self, store: Store, key: str, *, strict: bool = False) -> int:
+        """Put the local packs of ``key`` the URL lacks (and its entry.json); returns how many
+        were written. A fault is a miss: the packs stay local and go out with the next publish."""
+        if store.read_only:
+            return 0
+        written = nbytes = 0
+        try:
+            entry = self._entry(key) or RemoteEntry(key)
+            local_json = store.layout.entry_json(key)
+            if entry.entry_json is None and local_json.is_file():
+                self.backend.put_if_absent(self.layout.entry_json(key), local_json.read_bytes())
+            for path in store.layout.pack_paths(key):
+                if path.stem in entry.packs:
+                    continue
+                name = self.layout.pack_object(key, path.stem)
+                size = path.stat().st_size
+                if size <= _CONDITIONAL_PUT_MAX:
+                    with open_nofollow(path) as fh:
+                        if not self.backend.put_if_absent(name, fh.read()):
+                            continue  # another node put the same content first
+                else:
+                    self.backend.put_file(name, str(path))
+                written += 1
+                nbytes += size
+        except RemoteError as exc:
+            if strict:
+                raise
+            self._fault(store, f"publishing {key[:12]}", exc)
+        except (OSError, CorruptPackError) as exc:
+            store._io_error("upload", exc, store.layout.packs_dir(key))
+        if written:
+            store._bump(remote_uploads=written, bytes_uploaded=nbytes)
+        return written
+
+    def record_use(self, store: Store, key: str) -> None:
+        """Append one use object for ``key`` (at most one per process and hour)."""
+        now = time.monotonic()
+        if store.read_only or now - self._used.get(key, -USE_EVERY) < USE_EVERY:
+            return
+        self._used[key] = now
+        try:
+            self.backend.put(self.layout.use_object(key), b"")
+        except RemoteError as exc:
+            self._fault(store, f"recording the use of {key[:12]}", exc)
+
+    def count(self, store: Store, delta: dict[str, Any]) -> None:
+        """Add ``delta`` to this process's counters object (its own: no other process writes it)."""
+        add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
+        if store.read_only:
+            return
+        try:
+            self.backend.put(self._stats_object, json_bytes(self._counts))
+        except RemoteError as exc:  # kept in memory; the next update writes the totals again
+            logger.debug("compile cache %s: counters not written: %s", self.display, exc)
+
+    # -- what maintenance does (faults raise) ----------------------------------------------------
+    def listing(self) -> dict[str, RemoteEntry]:
+        """Every entry under the URL, by key (one listing)."""
+        return self.layout.entries(self.backend.list(self.layout.entries_dir))
+
+    def has(self, store: Store, key: str) -> bool:
+        try:
+            entry = self._entry(key)
+        except RemoteError as exc:
+            self._fault(store, f"listing {key[:12]}", exc)
+            return bool(store.layout.pack_paths(key))
+        return bool(entry and entry.packs)
+
+    def entry_info(self, store: Store, entry: RemoteEntry) -> EntryInfo:
+        """An entry as ``ls`` shows it: entry.json and every pack header (ranged reads; the local
+        tier's copy when it has one). ``path``s are where the entry lives in the local tier."""
+        key = entry.key
+        metadata: dict[str, Any] = {}
+        if entry.entry_json is not None:
+            data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
+            if data is not None and json_ok(data):
+                metadata = json.loads(data)
+        packs = []
+        for name, size in entry.packs.items():
+            local = store.layout.pack_path(key, name)
+            try:
+                if local.is_file():
+                    with open_nofollow(local) as fh:
+                        header, signed, _ = read_pack_header_from(fh)
+                else:
+                    header, signed = self._remote_header(key, name)
+            except (OSError, CorruptPackError):
+                continue
+            packs.append(PackInfo._from_header(key, name, local, size, header, signed))
+        created = float(metadata.get("created") or 0.0) or min([p.created for p in packs] or [entry.newest])
+        return EntryInfo(key=key, metadata=metadata, packs=tuple(packs), size=entry.size,
+                         created=created, last_used=entry.last_used, path=store.layout.entry_dir(key))
+
+    def _remote_header(self, key: str, name: str) -> tuple[dict[str, Any], bool]:
+        """A pack object's header from its first bytes (a second, longer read if it is long)."""
+        obj = self.layout.pack_object(key, name)
+        for n in (1 << 16, MAX_HEADER_BYTES + 64):
+            try:
+                header, signed, _ = read_pack_header_from(io.BytesIO(self.backend.head(obj, n)))
+                return header, signed
+            except CorruptPackError:
+                if n > 1 << 16:
+                    raise
+        raise CorruptPackError("unreadable pack header")  # not reached
+
+    def entries(self, store: Store) -> list[EntryInfo]:
+        return [self.entry_info(store, e) for e in self.listing().values()]
+
+    def totals(self) -> dict[str, Any]:
+        """Every process's counters object summed (this process's from memory)."""
+        totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
+        totals["errors_by_kind"] = {}
+        for full in self.backend.list(self.layout.stats_dir):
+            if full == self._stats_object or not full.endswith(".json"):
+                continue
+            data = self.backend.get(full, MAX_JSON_BYTES)
+            if data is not None and json_ok(data):
+                add_counts(totals, json.loads(data))
+            elif data is not None:
+                add_counts(totals, {"errors": 1, "errors_by_kind": {"stats_file": 1}})
+        return add_counts(totals, self._counts)
+
+    def summary(self, store: Store, local: dict[str, Any]) -> dict[str, Any]:
+        """``Store.stats`` of a remote store: the URL's counters and footprint, with the local
+        tier's size (``local``: the local tier's own summary)."""
+        from .._sizes import format_size
+
+        totals = self.totals()
+        entries = self.listing()
+        size = sum(e.size for e in entries.values())
+        lookups = totals["hits"] + totals["partial_hits"] + totals["misses"]
+        quarantined = len(self.backend.list(self.layout.quarantine_dir))
+        totals.update(
+            hit_rate=(totals["hits"] / lookups) if lookups else None, entries=len(entries),
+            packs=sum(len(e.packs) for e in entries.values()), size=size, size_human=format_size(size),
+            quarantined=quarantined, location=self.display,
+            local_tier=local["location"], local_tier_size=local["size"],
+            local_tier_size_human=local["size_human"], stored_bytes=local["stored_bytes"],
+        )
+        for name in ("max_size", "max_size_human", "location_source", "read_only", "read_only_reason"):
+            totals[name] = local[name]
+        totals["lock_mode"] = "none (object storage: packs are content-named puts)"
+        return totals
+
+    def zero(self, store: Store) -> None:
+        self._counts = {}
+        self.backend.delete(list(self.backend.list(self.layout.stats_dir)))
+
+    def _objects(self, key: str) -> list[str]:
+        return list(self.backend.list(self.layout.entry_dir(key)))
+
+    def evict(self, store: Store, max_size: int | None, older_than: float | None,
+              keys: set[str] | None, dry_run: bool) -> list[EntryInfo]:
+        """``Store.evict`` on the URL (and the same keys from the local tier); then compacts
+        each kept entry's use objects to its newest (deletes only: no read-modify-write)."""
+        entries = self.listing()
+        usage = sorted(entries.values(), key=lambda e: (e.last_used, e.key))
+        chosen: dict[str, int] = {}
+        if keys:
+            chosen.update((e.key, e.size) for e in usage if e.key in keys)
+        if older_than is not None:
+            cutoff = time.time() - older_than
+            chosen.update((e.key, e.size) for e in usage if e.last_used < cutoff)
+        if max_size is not None:
+            total = sum(e.size for e in usage if e.key not in chosen)
+            for e in usage:
+                if total <= max_size:
+                    break
+                if e.key not in chosen:
+                    chosen[e.key] = e.size
+                    total -= e.size
+        removed = sorted((self.entry_info(store, entries[k]) for k in chosen),
+                         key=lambda e: (e.last_used, e.key))
+        if dry_run:
+            return removed
+        for info in removed:
+            self.backend.delete(self._objects(info.key))
+            if info.path.is_dir():
+                maintenance.remove_entry_dir(store, info.path)
+        for entry in entries.values():
+            if entry.key not in chosen and len(entry.uses) > 1:
+                use_dir = self.layout.use_dir(entry.key)
+                self.backend.delete(f"{use_dir}/{n}" for n in entry.uses[:-1])
+        self._prune_quarantine(maintenance.QUARANTINE_KEEP)
+        if removed:
+            freed = sum(e.size for e in removed)
+            add_counts(self._counts, {"evictions": len(removed), "evicted_bytes": freed})
+            self.count(store, {})
+        maintenance.recount_size(store)
+        return removed
+
+    def _prune_quarantine(self, keep: float) -> None:
+        cutoff = time.time() - keep
+        old = [n for n, info in self.backend.list(self.layout.quarantine_dir).items() if info.mtime < cutoff]
+        self.backend.delete(old)
+
+    def clear(self, store: Store) -> int:
+        entries = self.listing()
+        for key in entries:
+            self.backend.delete(self._objects(key))
+        self._prune_quarantine(-1.0)
+        maintenance.clear(store)
+        return len(entries)
+
+    def verify(self, store: Store, fix: bool, temp_age: float, labels: Any) -> VerifyReport:
+        """``Store.verify`` on the URL (:mod:`.remote_verify`)."""
+        return remote_verify.verify(self, store, fix, temp_age, labels)

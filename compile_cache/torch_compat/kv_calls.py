@@ -1,0 +1,254 @@
+"""How one group's blocks are called with a transformers KV cache: the eager update between two
+graphs, or a view of the one layer a block was proven to update (the paths are described in
+:mod:`.kv_cache`, which patches the Cache classes and holds the scope they read)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from . import available
+from .kv_cache import _NESTED, _TLS, CACHE_ARGUMENTS, SCOPE, install, is_cache
+
+log = logging.getLogger("compile_cache")
+
+__all__ = ["CacheCalls"]
+
+
+# -- the layer view ----------------------------------------------------------------------------
+
+
+class _LayerView:
+    """Mixed in before the cache's class: ``update`` goes to the bound layer while the region call
+    runs (``_cc_layer``), to the cache afterwards; every other attribute is the cache's own."""
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        layer = self._cc_layer
+        if layer is None:
+            return self._cc_cache.update(key_states, value_states, layer_idx, *args, **kwargs)
+        return layer.update(key_states, value_states, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_cc_"):
+            raise AttributeError(name)
+        return getattr(self._cc_cache, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._cc_cache, name, value)
+
+
+_VIEW_CLASSES: dict[type, type] = {}
+_VIEWABLE: list[tuple[frozenset[type], frozenset[type], type | None]] = []
+
+
+def _viewable_types() -> tuple[frozenset[type], frozenset[type], type | None]:
+    """(cache classes, layer classes) a view serves exactly, and DynamicLayer."""
+    if not _VIEWABLE:
+        module = sys.modules["transformers.cache_utils"]
+        names = [n for n in ("DynamicCache", "StaticCache", "DynamicLayer", "StaticLayer")
+                 if isinstance(getattr(module, n, None), type)]
+        _VIEWABLE.append((
+            frozenset(getattr(module, n) for n in names if n.endswith("Cache")),
+            frozenset(getattr(module, n) for n in names if n.endswith("Layer")),
+            getattr(module, "DynamicLayer", None),
+        ))
+    return _VIEWABLE[0]
+
+
+def _make_view(cache: Any, layer: Any) -> Any:
+    cls = type(cache)
+    view_cls = _VIEW_CLASSES.get(cls)
+    if view_cls is None:
+        view_cls = _VIEW_CLASSES[cls] = type(f"LayerView[{cls.__name__}]", (_LayerView, cls), {})
+    view = object.__new__(view_cls)
+    view.__dict__.update(_cc_cache=cache, _cc_layer=layer)
+    return view
+
+
+# -- how one group's blocks are called with a cache -----------------------------------------------
+
+
+class CacheCalls:
+    """The cache argument of one group's blocks, and the two call paths (see the module doc).
+
+    ``bindings`` maps a block's runner to what its eager calls proved: ``(weakref to the cache,
+    layer index, call signature)``, or None once the block updated anything else (never viewed
+    again). The view ignores the index the traced code passes, so it is taken only when nothing
+    that could choose another index changed since the proving call: the call signature is the
+    block's ``attributes`` (those that differ between the group's blocks: ``self_attn.
+    layer_idx``) and the int, bool and str arguments of the call. A change means the eager
+    update again, which proves the binding anew.
+    ``use_views = False`` keeps the eager update everywhere (``benchmarks/bench_generate.py``
+    compares the two paths).
+    """
+
+    use_views = True
+
+    def __init__(self, name: str, position: int | None, first: str = "") -> None:
+        self.name = name  # the cache argument: its name, and its position when positional
+        self.position = position
+        self.first = first  # the first argument (hidden states: its dim 1 counts new tokens)
+        self.bindings: weakref.WeakKeyDictionary[Any, tuple[Any, int, tuple] | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.attributes: tuple[str, ...] = ()  # dotted names, relative to the block
+        self.mark_dynamic = available("dynamo.maybe_mark_dynamic")
+        self.view_calls = 0
+        self.eager_update_calls = 0
+
+    @classmethod
+    def for_block(cls, forward: Callable[..., Any]) -> CacheCalls | None:
+        """For a block whose ``forward`` takes a KV-cache argument, else None."""
+        try:
+            params = list(inspect.signature(forward).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        for index, param in enumerate(params):
+            if param.name in CACHE_ARGUMENTS:
+                positional = param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD)
+                return cls(param.name, index if positional else None, params[0].name)
+        return None
+
+    @classmethod
+    def for_group(cls, forward: Callable[..., Any], size: int, compile_kwargs: dict[str, Any],
+                  attributes: tuple[str, ...]) -> tuple[bool, CacheCalls | None]:
+        """(whether a group's blocks take a KV cache, the CacheCalls their runners use). None
+        keeps the per-block compile: one block (``size`` 1) has no identical blocks to share
+        with, ``fullgraph=True`` allows no graph break, and this torch may lack nested breaks.
+        ``attributes``: those that differ between the blocks (the class doc)."""
+        calls = cls.for_block(forward)
+        if calls is None:
+            return False, None
+        if size < 2 or compile_kwargs.get("fullgraph") or not install():
+            return True, None
+        calls.attributes = tuple(attributes)
+        calls.mark_dynamic &= compile_kwargs.get("dynamic") is not False  # dynamic=False: as asked
+        return True, calls
+
+    def _cache_of(self, args: tuple, kwargs: dict) -> Any:
+        if self.position is not None and len(args) > self.position:
+            return args[self.position]
+        return kwargs.get(self.name)
+
+    def call(self, runner: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``fn(*args, **kwargs)`` for ``runner``'s block, through the view or the eager update."""
+        cache = self._cache_of(args, kwargs)
+        if not is_cache(cache):  # training or scoring (use_cache=False): nothing to do
+            return fn(*args, **kwargs)
+        signature = self._signature(getattr(fn, "__self__", None), args, kwargs)
+        view = self._view(runner, cache, signature, args, kwargs)
+        if view is not None:
+            if self.position is not None and len(args) > self.position:
+                args = args[: self.position] + (view,) + args[self.position + 1:]
+            else:
+                kwargs = {**kwargs, self.name: view}
+            self.view_calls += 1
+            try:
+                return self._scoped(fn, args, kwargs)
+            finally:
+                view.__dict__["_cc_layer"] = None
+        previous = getattr(_TLS, "record", None)
+        _TLS.record = record = []
+        try:
+            out = self._scoped(fn, args, kwargs)
+        finally:
+            _TLS.record = previous
+        self.eager_update_calls += 1
+        self._learn(runner, cache, record, signature)
+        return out
+
+    @staticmethod
+    def _scoped(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        outer = SCOPE.active
+        SCOPE.active = True
+        try:
+            with _NESTED:
+                return fn(*args, **kwargs)
+        finally:
+            SCOPE.active = outer
+
+    def _signature(self, block: Any, args: tuple, kwargs: dict) -> tuple:
+        """What could make the traced code pass another layer index (the class doc)."""
+        attrs = []
+        for dotted in self.attributes:
+            value = block
+            for part in dotted.split("."):
+                value = getattr(value, part, _MISSING)
+            attrs.append(value if type(value) in _SIGNATURE_TYPES else id(value))
+        return (
+            tuple(attrs),
+            tuple((i, a) for i, a in enumerate(args) if type(a) in _SIGNATURE_TYPES),
+            tuple((k, v) for k, v in kwargs.items() if type(v) in _SIGNATURE_TYPES),
+        )
+
+    def _learn(self, runner: Any, cache: Any, record: list[tuple[Any, str, Any]],
+               signature: tuple) -> None:
+        if not record:
+            return  # the block did not touch the cache in this call: nothing learned
+        known = self.bindings.get(runner, ())
+        if known is None:
+            return
+        caches, layers, _ = _viewable_types()
+        binding = None
+        if len(record) == 1:
+            obj, name, index = record[0]
+            if (obj is cache and name == "update" and type(index) is int and type(cache) in caches
+                    and not getattr(cache, "offloading", False) and 0 <= index < len(cache.layers)
+                    and type(cache.layers[index]) in layers):
+                binding = (weakref.ref(cache), index, signature)
+        if binding is None or (known and known[1] != binding[1]):
+            self.bindings[runner] = None  # updated something else: the eager update from now on
+            log.debug("compile_cache: %s keeps the eager cache update (%s)", runner, record)
+        else:
+            self.bindings[runner] = binding
+
+    def _view(self, runner: Any, cache: Any, signature: tuple, args: tuple, kwargs: dict) -> Any:
+        binding = self.bindings.get(runner)
+        if binding is None or binding[0]() is not cache or not self.use_views:
+            return None
+        if binding[2] != signature:
+            return None  # an attribute or argument that could choose the layer changed
+        first = args[0] if args else kwargs.get(self.first)
+        if getattr(first, "ndim", 0) < 2 or first.shape[1] != 1:
+            return None  # not a decode step of one token (prefill keeps the eager update)
+        layers = cache.layers
+        index = binding[1]
+        if index >= len(layers):
+            return None
+        layer = layers[index]
+        _, viewable, dynamic_layer = _viewable_types()
+        if not layer.is_initialized or type(layer) not in viewable:
+            return None
+        if self.mark_dynamic and type(layer) is dynamic_layer:
+            _mark_kv_length(layer, first.shape[1], args, kwargs)
+        return _make_view(cache, layer)
+
+
+_MISSING = object()
+_SIGNATURE_TYPES = (int, bool, str, type(None))
+
+
+def _mark_kv_length(layer: Any, new_tokens: int, args: tuple, kwargs: dict) -> None:
+    """A DynamicCache grows by one token per step: mark the KV length dynamic (the layer's keys
+    and values, and each dim of a tensor argument as long as the keys will be: the attention
+    mask) before the first decode compile, so decode gets one entry, not a static one for the
+    first step and a dynamic one after it. Only a hint: Dynamo keeps a size static where the code
+    needs it static, so a dim marked by coincidence costs nothing."""
+    import torch
+
+    mark = torch._dynamo.maybe_mark_dynamic
+    keys = layer.keys
+    if keys.ndim < 2:
+        return
+    mark(keys, keys.ndim - 2)
+    mark(layer.values, layer.values.ndim - 2)
+    total = keys.shape[-2] + new_tokens
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            for dim in range(1, value.ndim):
+                if value.shape[dim] == total:
+                    mark(value, dim)

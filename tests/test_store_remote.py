@@ -1,0 +1,370 @@
+"""A store on object storage (compile_cache.store.remote, .backend), against a real S3 endpoint:
+moto's standalone server on 127.0.0.1, started and stopped by the fixtures here.
+
+One real Inductor job publishes to ``s3://``; a fresh node (new TMPDIR, HOME, XDG_CACHE_HOME,
+Inductor and Triton dirs, and a new local tier) restores it, and another fresh node loses the
+server mid-restore. The rest uses direct Store calls and the CLI in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+from _s3_server import SECRET, S3Server, make_bucket
+from _store_helpers import store_warnings_of
+
+from compile_cache.store import Store
+from compile_cache.store import _reset as reset_store_warnings
+
+HERE = Path(__file__).resolve().parent
+REMOTE_CHILD = HERE / "_remote_child.py"
+K1, K2 = "e1" * 16, "f2" * 16
+#: What a pack of Inductor artifacts holds (labels every check, verify's too, accepts).
+MEMBERS = {"inductor/fxgraph/ab/xyz": b"graph" * 100, "triton/0/abc/kernel.json": b"{}" * 30}
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 server on a free port of 127.0.0.1, for the whole session."""
+    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    """A new bucket, the S3 client's environment, and a private local tier for this test."""
+    bucket = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    make_bucket(s3, bucket)
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    for name in list(os.environ):
+        if name.startswith("COMPILE_CACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    reset_store_warnings()
+    return f"s3://{bucket}/cache"
+
+
+def _node_env(base: Path, server: S3Server, **extra: str) -> dict[str, str]:
+    """A fresh node: new TMPDIR, HOME, XDG_CACHE_HOME, Inductor/Triton dirs and local tier."""
+    for name in ("tmp", "home", "xdg", "inductor", "triton", "tier"):
+        (base / name).mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "AWS_"))}
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    env.update(server.env(), TMPDIR=str(base / "tmp"), HOME=str(base / "home"),
+               XDG_CACHE_HOME=str(base / "xdg"), TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"),
+               TRITON_CACHE_DIR=str(base / "triton"), COMPILE_CACHE_LOCAL_TIER=str(base / "tier"),
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
+def _job(base: Path, server: S3Server, url: str, kill: int = 0, **extra: str) -> tuple[dict, str]:
+    """One job start (TinyTransformer 2x64) on a fresh node: (its result, its stderr)."""
+    done = subprocess.run(
+        [sys.executable, str(REMOTE_CHILD), str(kill), url, "2", "64", "float32"],
+        env=_node_env(base, server, **extra), capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture(scope="session")
+def published(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A cold job that publishes to s3://, then a fresh node that restores from it."""
+    tmp = tmp_path_factory.mktemp("remote_job")
+    make_bucket(s3, "jobs")
+    url = "s3://jobs/team/cache"
+    cold, cold_err = _job(tmp / "node-0", s3, url)
+    warm, warm_err = _job(tmp / "node-1", s3, url)
+    return {"url": url, "cold": cold, "warm": warm, "stderr": cold_err + warm_err, "tmp": tmp, "server": s3}
+
+
+def _objects(server: S3Server, bucket: str) -> dict[str, bytes]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=server.endpoint, key="testing", secret=SECRET)
+    return {path: fs.cat_file(path) for path in fs.find(bucket)}
+
+
+# ---------------------------------------------------------------------------------------------
+# a real job: publish, then a fresh node restores with zero FX-graph misses
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.inductor
+def test_fresh_node_restores_from_s3_with_no_fxgraph_miss(published: dict) -> None:
+    cold, warm = published["cold"], published["warm"]
+    assert cold["fxgraph_miss"] > 0 and cold["report"]["published_packs"] >= 1
+    assert cold["report"]["store"] == published["url"]
+    assert warm["report"]["restored_packs"] >= 1
+    assert warm["fxgraph_miss"] == 0 and warm["fxgraph_hit"] > 0
+    assert warm["report"]["outcome"] == "hit"
+    assert warm["max_diff"] < 1e-4
+    # The packs came over the network once, into this node's local tier.
+    assert warm["local_tier"]["remote_downloads"] == cold["report"]["published_packs"]
+    assert warm["local_tier"]["bytes_downloaded"] > 0
+    assert warm["local_tier"]["remote_errors"] == 0
+    assert not [w for w in warm["warnings"] if "compile cache" in w or "compile_cache" in w]
+
+
+@pytest.mark.inductor
+def test_the_secret_is_never_logged_stored_or_shown(published: dict, s3: S3Server, tmp_path: Path) -> None:
+    assert SECRET not in published["stderr"]
+    blobs = _objects(s3, "jobs")
+    assert any(path.endswith(".pack") for path in blobs)
+    assert not any(SECRET.encode() in data for data in blobs.values())
+    tiers = [p for p in published["tmp"].rglob("*") if p.is_file() and "tier" in p.parts]
+    assert tiers and not any(SECRET.encode() in p.read_bytes() for p in tiers)
+    env = _node_env(tmp_path / "doctor", s3)
+    outputs = {}
+    for args in (["doctor", "--json"], ["stats", "--json"], ["ls", "--json"]):
+        done = subprocess.run([sys.executable, "-m", "compile_cache", *args, "--cache-dir", published["url"]],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert SECRET not in done.stdout + done.stderr, args
+        assert done.returncode == 0 or args[0] == "doctor", done.stderr
+        outputs[args[0]] = json.loads(done.stdout)
+    report = outputs["doctor"]
+    assert report["store"]["location"] == published["url"] and report["store"]["entries"] == 1
+    assert report["store"]["remote"]["credentials"].startswith("environment")
+
+
+@pytest.mark.inductor
+def test_server_stopped_mid_restore_the_job_compiles(published: dict, tmp_path: Path) -> None:
+    """A second server with a copy of the published objects dies when the first pack download
+    starts: the job warns once, counts it, compiles, and its outputs equal eager's."""
+    import s3fs
+
+    second = S3Server(tmp_path / "second.log")
+    try:
+        make_bucket(second, "jobs")
+        blobs = _objects(published["server"], "jobs")
+        fs = s3fs.S3FileSystem(endpoint_url=second.endpoint, key="testing", secret=SECRET)
+        for path, data in blobs.items():
+            fs.pipe_file(path, data)
+        result, _err = _job(tmp_path / "node", second, published["url"], kill=second.proc.pid,
+                            COMPILE_CACHE_REMOTE_RETRIES="1", COMPILE_CACHE_REMOTE_TIMEOUT="2")
+    finally:
+        second.stop()
+    assert result["report"]["restored_packs"] == 0
+    assert result["fxgraph_miss"] > 0  # it compiled
+    assert result["max_diff"] < 1e-4
+    assert result["local_tier"]["remote_errors"] >= 1
+    faults = [w for w in result["warnings"] if "treated as a miss, the job goes on" in w]
+    assert len(faults) == 1, result["warnings"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the store's behaviour, with direct calls
+# ---------------------------------------------------------------------------------------------
+def test_publish_then_a_new_local_tier_loads_and_downloads_once(s3_url: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = Store(s3_url)
+    info = writer.publish(K1, MEMBERS, entry_info={"model_class": "M"}, compile_seconds=2.0)
+    assert info is not None and writer.root != tmp_path / "tier"
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    assert reader.root.parent == tmp_path / "tier" and reader.location == s3_url
+    packs = reader.load(K1)
+    assert [dict((n, p.members[n]) for n in p.members) for p in packs] == [MEMBERS]
+    for p in packs:
+        p.close()
+    assert Path(packs[0].info.path).is_file() and str(packs[0].info.path).startswith(str(tmp_path / "tier"))
+    reader.load(K1)  # already in the local tier: no second download
+    stats = reader.stats()
+    assert stats["remote_downloads"] == 1 and stats["bytes_downloaded"] == info.size
+    assert stats["publishes"] == 1 and stats["entries"] == 1 and stats["location"] == s3_url
+
+
+def test_two_processes_publishing_the_same_key_at_once(s3_url: str, tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import os, time
+        from compile_cache.store import Store
+        MEMBERS = {MEMBERS!r}
+        s = Store({s3_url!r})
+        while not os.path.exists({str(tmp_path / 'go')!r}):
+            time.sleep(0.01)
+        s.publish({K1!r}, MEMBERS, compile_seconds=1.0)
+        print(s.stats()["remote_errors"])
+    """)
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, COMPILE_CACHE_LOCAL_TIER=str(tmp_path / f"tier-{i}"))
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _o, e in outs]
+    assert [o.strip() for o, _e in outs] == ["0", "0"]
+    store = Store(s3_url)
+    entry = store.remote.listing()[K1]
+    assert len(entry.packs) == 1  # content-named: both wrote the same object
+    assert store.verify().ok
+    packs = Store(s3_url).load(K1)
+    assert len(packs) == 1 and dict(packs[0].members.items()) == MEMBERS
+
+
+def test_a_corrupt_object_is_counted_quarantined_and_skipped(s3_url: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
+    store = Store(s3_url)
+    name = store.remote.layout.pack_object(K1, info.name)
+    data = bytearray(store.remote.backend.get(name, 1 << 20))
+    data[-10] ^= 0xFF
+    store.remote.backend.put(name, bytes(data))
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert reader.load(K1) == []
+    assert len([m for m in store_warnings_of(shown) if "unusable" in m]) == 1
+    assert reader.stats()["corrupt"] == 1 and reader.stats()["quarantined"] == 1
+    assert not reader.layout.pack_paths(K1)  # never reached the local tier
+    assert info.name not in reader.remote.listing().get(K1, type("E", (), {"packs": {}})).packs
+    # The next node finds nothing to download: the object is in the URL's quarantine.
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier2"))
+    assert Store(s3_url).load(K1) == [] and Store(s3_url).stats()["corrupt"] == 1
+
+
+def test_a_pack_over_this_readers_limit_is_refused_and_left_for_others(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = Store(s3_url).publish(K1, {"inductor/fxgraph/ab/big": os.urandom(50_000)}, compile_seconds=1.0)
+    monkeypatch.setenv("COMPILE_CACHE_MAX_PACK_SIZE", "10K")
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert reader.load(K1) == []
+    assert any("skipped" in m for m in store_warnings_of(shown))
+    assert reader.stats()["corrupt"] == 1 and not reader.layout.pack_paths(K1)
+    assert info.name in reader.remote.listing()[K1].packs  # a reader with a larger limit uses it
+
+
+def test_an_unreachable_store_is_a_miss_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from _s3_server import free_port
+
+    for name in list(os.environ):
+        if name.startswith("COMPILE_CACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_RETRIES", "1")
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_TIMEOUT", "2")
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reset_store_warnings()
+    store = Store("s3://nowhere/cache")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert store.load(K1) == []
+        info = store.publish(K1, MEMBERS, compile_seconds=1.0)  # kept in the local tier
+        store.record_hit(K1)
+        assert store.load(K1) != []  # from the local tier
+    messages = store_warnings_of(shown)
+    assert len(messages) == 1 and "treated as a miss" in messages[0], messages
+    assert SECRET not in messages[0]
+    assert info is not None and Store(store.root).stats()["remote_errors"] >= 1
+
+
+def test_last_use_is_one_object_per_use_and_prune_compacts(s3_url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
+    Store(s3_url).publish(K2, {"inductor/fxgraph/cd/other": b"y" * 50}, compile_seconds=1.0)
+    for i in range(2):  # two nodes use K1: two objects, nothing rewritten
+        monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / f"tier-{i}"))
+        store = Store(s3_url)
+        for p in store.load(K1):
+            p.close()
+        store.record_hit(K1)
+    entries = store.remote.listing()
+    assert len(entries[K1].uses) == 3 and len(entries[K2].uses) == 1
+    assert entries[K1].last_used >= entries[K2].last_used
+    removed = store.evict(max_size=entries[K1].size)  # LRU: the least recently used goes
+    assert [e.key for e in removed] == [K2]
+    after = store.remote.listing()
+    assert list(after) == [K1] and len(after[K1].uses) == 1  # compacted to the newest
+
+
+def test_memory_url_and_the_base_install_imports_no_fsspec(tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import sys
+        from compile_cache.store import Store
+        Store({str(tmp_path / 'local')!r}).stats()
+        print("fsspec" in sys.modules)
+        s = Store("memory://bucket/cc")
+        s.publish({K1!r}, {{"inductor/fxgraph/ab/x": b"x"}}, compile_seconds=1.0)
+        print("fsspec" in sys.modules, s.location, len(s.remote.listing()))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "memory://bucket/cc", "1"]
+
+
+def test_a_url_without_its_package_says_what_to_install(tmp_path: Path) -> None:
+    from compile_cache.errors import StoreError
+
+    with pytest.raises(StoreError, match="not a usable store URL.*nosuchproto"):
+        Store("nosuchproto://bucket/cc")
+    with pytest.raises(StoreError, match="pip install.*gcsfs for gs://"):
+        Store("gs://bucket/cc")  # gcsfs is not installed
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI round trip on s3://
+# ---------------------------------------------------------------------------------------------
+def test_cli_round_trip_on_s3(s3_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from _cli_helpers import call
+
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115
+    writer = Store(s3_url)
+    writer.publish(K1, MEMBERS, entry_info={"model_class": "pkg.Model"}, compile_seconds=1.0)
+    writer.publish(K2, {"inductor/fxgraph/cd/other": b"y" * 50}, compile_seconds=1.0)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "cli-tier"))
+    code, out, _ = call(capsys, "ls", "--json", "--cache-dir", s3_url)
+    listed = json.loads(out)
+    assert code == 0 and listed["store"] == s3_url
+    assert sorted(e["key"] for e in listed["entries"]) == [K1, K2]
+    assert {e["model_class"] for e in listed["entries"]} >= {"pkg.Model"}
+    code, out, _ = call(capsys, "stats", "--json", "--cache-dir", s3_url)
+    stats = json.loads(out)
+    assert code == 0 and stats["publishes"] == 2 and stats["packs"] == 2 and stats["location"] == s3_url
+    code, out, _ = call(capsys, "verify", "--cache-dir", s3_url)
+    assert code == 0 and "Checked 2 entries, 2 packs" in out and "OK" in out
+    archive = tmp_path / "cache.tar"
+    code, out, _ = call(capsys, "export", str(archive), "--cache-dir", s3_url)
+    assert code == 0 and "Exported 2 pack(s)" in out
+    code, out, _ = call(capsys, "prune", "--key", K2[:12], "-y", "--cache-dir", s3_url)
+    assert code == 0 and "Removed 1 entry" in out
+    assert list(Store(s3_url).remote.listing()) == [K1]
+    other = s3_url.rsplit("/", 1)[0] + "/imported"
+    code, out, _ = call(capsys, "import", str(archive), "--cache-dir", other)
+    assert code == 0 and "2 pack(s) added" in out
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "fresh-tier"))
+    assert sorted(Store(other).remote.listing()) == [K1, K2]
+    assert dict(Store(other).load(K1)[0].members.items()) == MEMBERS
+    code, out, _ = call(capsys, "doctor", "--json", "--cache-dir", other)
+    report = json.loads(out)
+    assert report["store"]["location"] == other and report["store"]["remote"]["error"] is None
+    assert report["store"]["entries"] == 2 and SECRET not in out
+    code, out, _ = call(capsys, "stats", "--zero", "--cache-dir", other)
+    assert code == 0 and Store(other).stats()["publishes"] == 0
+
+
+def test_verify_fix_quarantines_a_corrupt_object(s3_url: str) -> None:
+    info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
+    store = Store(s3_url)
+    name = store.remote.layout.pack_object(K1, info.name)
+    store.remote.backend.put(name, b"garbage" * 10)
+    report = store.verify()
+    assert len(report.corrupt_packs) == 1 and s3_url in str(report.corrupt_packs[0][0])
+    assert store.verify(fix=True).corrupt_packs and store.verify().ok
+    assert store.stats()["quarantined"] == 1
