@@ -109,7 +109,8 @@ def test_every_capability_is_available_on_this_torch() -> None:
     assert {r.name for r in rows} == {
         "dynamo.counters", "dynamo.guard_failures", "dynamo.cache_entries", "dynamo.config",
         "dynamo.precompile", "dynamo.optimized_module", "inductor.cache_dir", "isa.probe_hook",
-        "isa.prefetch", "c10d.default_store", "configs.portable",
+        "isa.prefetch", "c10d.default_store", "configs.portable", "cache_use.capture",
+        "cpp_header.defer",
     }
     assert all(r.available for r in rows), [tuple(r) for r in rows if not r.available]
     name, available, detail = rows[0]  # rows unpack as (name, available, detail)
