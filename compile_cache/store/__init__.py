@@ -29,7 +29,7 @@ from .pack import (
     encode_pack,
     read_pack_header,
 )
-from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
+from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .safety import resolve_location
 from .stats import COUNTERS, STATS_SHARDS
 
@@ -41,6 +41,7 @@ __all__ = [
     "ORPHAN_AGE",
     "QUARANTINE_KEEP",
     "STATS_SHARDS",
+    "CompactReport",
     "EntryInfo",
     "ImportReport",
     "IncompatiblePackError",

@@ -50,7 +50,7 @@ from .pack import (
     is_signed,
     read_pack_header,
 )
-from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
+from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .safety import check_safe_dir, resolve_location
 
 __all__ = ["DEFAULT_MAX_SIZE", "Store"]
@@ -223,16 +223,14 @@ class Store:
         """Count a fallback from the native fingerprint backend to the reference one."""
         self._bump(backend_fallbacks=1)
 
-    def stats(self) -> dict[str, Any]:
-        """Counters summed over all processes, plus the store's size, cap and location.
+    def record_capture_fallback(self) -> None:
+        """Count a capture that diffed the local cache dirs (a torch hook it needs is missing)."""
+        self._bump(capture_fallbacks=1)
 
-        Keys: every counter (``hits``, ``misses``, ``errors``, ``corrupt``, ``incompatible``,
-        ``publishes``, ``bytes_published``, ``bytes_restored``, ``seconds_saved``,
-        ``compile_seconds``, ``evictions``, ``evicted_bytes``, ``backend_fallbacks``),
-        ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
-        ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
-        ``read_only``, ``read_only_reason``, ``lock_mode``.
-        """
+    def stats(self) -> dict[str, Any]:
+        """Every counter of :data:`.stats.COUNTERS` summed over all processes, ``errors_by_kind``,
+        ``hit_rate``, ``entries``, ``packs``, ``size(_human)``, ``max_size(_human)``,
+        ``quarantined``, ``location(_source)``, ``read_only(_reason)``, ``lock_mode``."""
         return stats.summary(self)
 
     def zero_stats(self) -> None:
@@ -449,6 +447,13 @@ class Store:
             dry_run,
             protect=set(),
         )
+
+    def compact(self, keys: Iterable[str] | None = None, dry_run: bool = False) -> list[CompactReport]:
+        """Merge each entry's packs (all, or ``keys``) into one holding its current generation."""
+        if not dry_run:
+            self._require_writable("compact")
+        done = [maintenance.compact(self, k, dry_run) for k in key_list(keys or self.layout.keys())]
+        return [d for d in done if d is not None]
 
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""

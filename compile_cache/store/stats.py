@@ -43,6 +43,7 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "capture_fallbacks",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
 
