@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import stat
+import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "Capture",
     "RestoreResult",
     "default_mode",
+    "is_complete_library",
     "is_skipped",
     "isa_probe_answers",
     "local_cache_dirs",
@@ -191,6 +193,40 @@ class Capture:
 
 
 # --------------------------------------------------------------------------------------------
+# Whole libraries
+
+_MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
+                 b"\xfe\xed\xfa\xce", b"\xca\xfe\xba\xbe")
+
+
+def is_complete_library(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is a whole shared library, not one a linker is still writing.
+
+    ELF (Linux): the magic, and the section-header table (which ``ld`` writes last) lies within
+    the bytes; every truncation of a real kernel fails this. Mach-O and PE files (macOS,
+    Windows) are only checked for their magic. Capture keeps no library that fails it, and the
+    store's restore can use the same check.
+    """
+    head = bytes(data[:64])
+    if head[:4] == b"\x7fELF":
+        if len(data) < 64 or head[5] not in (1, 2):
+            return False
+        order = "<" if head[5] == 1 else ">"
+        if head[4] == 2:  # 64-bit
+            e_shoff = struct.unpack_from(order + "Q", head, 0x28)[0]
+            e_shentsize, e_shnum = struct.unpack_from(order + "HH", head, 0x3A)
+        elif head[4] == 1:
+            e_shoff = struct.unpack_from(order + "I", head, 0x20)[0]
+            e_shentsize, e_shnum = struct.unpack_from(order + "HH", head, 0x2E)
+        else:
+            return False
+        return e_shoff > 0 and e_shoff + e_shentsize * e_shnum <= len(data)
+    if head[:4] in _MACHO_MAGICS:
+        return len(data) >= 32
+    return head[:2] == b"MZ" and len(data) >= 64
+
+
+# --------------------------------------------------------------------------------------------
 # Restore
 
 
@@ -201,6 +237,8 @@ class RestoreResult:
     written: list[str] = dataclasses.field(default_factory=list)
     present: list[str] = dataclasses.field(default_factory=list)
     bytes_written: int = 0
+    #: member -> (real path, size, mtime_ns) of every file written or found present
+    files: dict[str, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
 
 
 def validate_member(name: str) -> tuple[str, PurePosixPath]:
@@ -276,8 +314,14 @@ def restore(
             atomic_write(target, data, mode=mode, fsync=False)  # torch's cache is not fsynced either
             result.written.append(name)
             result.bytes_written += len(data)
+        real = os.path.realpath(target)
         if name.endswith(_EXECUTABLE_SUFFIXES):
-            _restored_libraries[name] = os.path.realpath(target)
+            _restored_libraries[name] = real
+        try:
+            st = os.lstat(real)
+            result.files[name] = (real, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
     return result
 
 

@@ -40,6 +40,7 @@ from torch import nn
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module
 from .torch_compat import dynamo
+from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
@@ -219,17 +220,20 @@ class _RegionRunner:
     """Installed as ``module._compiled_call_impl``: calls the compiled trampoline.
 
     Around each call it compares the length of Dynamo's guard-failure list for the group's code
-    (two dict lookups) to notice recompiles caused by differences between blocks. On the root,
+    (two dict lookups) to notice recompiles caused by differences between blocks, and names the
+    group as the owner of whatever torch compiles meanwhile (capture by use). On the root,
     ``on_end`` (set by :func:`observe_calls`) hears of every call's end, outside compiled code.
     """
 
-    __slots__ = ("compiled", "state", "key", "code", "failures", "on_end", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "code", "owner", "failures", "on_end", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
         self.code = state.code
+        #: What the compiles during a call belong to (capture by use): the group's code name.
+        self.owner = state.code.co_name
         # Dynamo appends the reasons of every recompile here, keyed by the original code object.
         self.failures = dynamo.guard_failures()
         self.on_end: Callable[[float], None] | None = None
@@ -239,7 +243,12 @@ class _RegionRunner:
         start = time.perf_counter() if on_end is not None else 0.0
         failures = self.failures.get(self.code)
         before = len(failures) if failures is not None else 0
-        out = self.compiled(*args, **kwargs)
+        owners = owner_stack()
+        owners.append(self.owner)
+        try:
+            out = self.compiled(*args, **kwargs)
+        finally:
+            owners.pop()
         failures = self.failures.get(self.code)
         state = self.state
         if failures is not None and len(failures) > before:

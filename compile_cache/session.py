@@ -16,7 +16,7 @@ The distributed warm-up works through the session's public methods: :attr:`Cache
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import hashlib
 import logging
 import os
 import threading
@@ -28,81 +28,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _warnings, artifacts, config, torch_compat
+from . import _warnings, artifacts, capture, config, publisher
 from ._sizes import format_size
 from .errors import CompileCacheError, UnsafeStoreError
-from .store import EntryInfo, Store
-from .torch_compat import dynamo, isa
+from .report import CacheReport
+from .store import EntryInfo, Store, generations
+from .torch_compat import cache_use, dynamo, isa
 
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
     "CacheReport",
     "CacheSession",
+    "flush",
     "last_report",
     "open_session",
     "precompile_requested",
     "session_for",
 ]
-
-
-@dataclasses.dataclass
-class CacheReport:
-    """What the last ``compile_regions`` restored, compiled and published (``last_report()``)."""
-
-    key: str
-    store: str
-    precompile: bool = False
-    restored_packs: int = 0
-    restored_files: int = 0
-    restored_bytes: int = 0
-    restore_seconds: float = 0.0
-    fxgraph_hits: int = 0
-    fxgraph_misses: int = 0
-    published_packs: int = 0
-    published_bytes: int = 0
-    errors: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def hit(self) -> bool:
-        """True when packs were restored and no forward so far had to compile anything new."""
-        return self.restored_packs > 0 and self.fxgraph_misses == 0
-
-    @property
-    def degraded(self) -> list[str]:
-        """The torch capabilities this process found missing (``torch_compat``; each warned
-        once): what the compile ran without."""
-        return torch_compat.degraded()
-
-    def summary(self) -> str:
-        """One line for logs and the demo."""
-        parts = []
-        if self.restored_packs:
-            parts.append(
-                f"restored {self.restored_packs} pack(s), {self.restored_files} files, "
-                f"{format_size(self.restored_bytes)} in {self.restore_seconds * 1e3:.0f} ms"
-            )
-        else:
-            parts.append("nothing to restore")
-        parts.append(
-            f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} from cache"
-        )
-        if self.published_packs:
-            parts.append(
-                f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
-            )
-        if self.errors:
-            parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")
-        degraded = self.degraded
-        if degraded:
-            parts.append(f"without torch capabilities {', '.join(degraded)}")
-        return f"key {self.key[:12]}: " + "; ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["hit"] = self.hit
-        data["degraded"] = self.degraded
-        return data
 
 
 _last_report: CacheReport | None = None
@@ -122,7 +65,15 @@ def precompile_requested(precompile: bool | None) -> bool:
 
 
 class CacheSession:
-    """One model's link to the store: restores at open, publishes after forwards that compiled."""
+    """One model's link to the store: restores at open, publishes what the model's regions used.
+
+    Capture by use (:mod:`compile_cache.capture`): the end of every compile that added to the
+    usage of one of the model's region groups (a forward frame, or the backward torch compiles
+    lazily inside ``loss.backward()``) queues a publish on the background
+    :mod:`~compile_cache.publisher`, off the training step; so does the end of a forward that
+    compiled. Whatever is still unpublished at interpreter exit is published then (bounded).
+    :meth:`flush` waits for it (the warm-up and the CLI use it).
+    """
 
     def __init__(
         self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None
@@ -143,34 +94,60 @@ class CacheSession:
         kwargs = getattr(plan, "compile_kwargs", None) or {}
         #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
         self._inductor = kwargs.get("backend", "inductor") == "inductor"
-        self._capture: artifacts.Capture | None = None
+        #: The region groups' code names: whose usage this model's packs carry.
+        self.owners: tuple[str, ...] = tuple(
+            [g.code_name for g in getattr(plan, "groups", ())]
+            + [p.code_name for p in getattr(plan, "compiled_rest", ())]
+        )
+        self._capture: artifacts.Capture | None = None  # the diff fallback (or precompile files)
+        self._by_use = False
+        self._known: dict[str, tuple[str, int, int, str]] = {}  # restored files and digests
+        self._published_generation: int | None = None
+        self._pending_seconds = 0.0  # forward seconds since the last publish (the diff fallback)
+        self._published_seconds = 0.0  # the owners' compile seconds already published
+        self._extra: dict[str, str] = {}  # precompile files: member -> path
         self._counters = dynamo.CompileCounters.snapshot()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the report and counters (after_forward publishes a diff)
+        self._publish_lock = threading.Lock()
         self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
-        """Writes every pack of the key into the local Inductor/Triton dirs; counts hit or miss.
+        """Writes the key's current generation into the local Inductor/Triton dirs; counts hit
+        or miss.
 
-        Called at open, and again by the distributed flow once another rank has published (then
-        ``count=False`` adds to the report and counts only a hit, since the miss was counted).
-        Restoring is idempotent: files already present with the same bytes are left alone.
+        Only the members of the newest unit per (region group, slot), for the model's region
+        groups, plus what every pack carries (:mod:`compile_cache.store.generations`); a pack
+        without a manifest is applied whole. Called at open, and again by the distributed flow
+        once another rank has published (then ``count=False`` adds to the report and counts only
+        a hit, since the miss was counted). Idempotent: files already there are left alone.
         """
         start = time.perf_counter()
         before = self.report.restored_packs
         packs = self.store.load(self.key)
+        selection = generations.select([p.info for p in packs], self.owners or None)
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
         for pack in packs:
+            subset = {name: pack.members[name] for name, src in selection.sources.items()
+                      if src == pack.info.name and name in pack.members}
+            if not subset:
+                continue
             try:
-                result = artifacts.restore(pack.members)
+                result = artifacts.restore(subset)
             except (CompileCacheError, OSError) as exc:
                 self._error("restore", f"pack {pack.info.name}: {exc}")
                 continue
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
-            self.report.restored_bytes += pack.info.data_bytes
+            self.report.restored_bytes += sum(len(data) for data in subset.values())
+            for name, (real, size, mtime) in result.files.items():
+                digest = selection.wanted.get(name) or hashlib.sha256(subset[name]).hexdigest()
+                self._known[name] = (real, size, mtime, digest)
+        if selection.superseded_units:
+            logger.info("compile_cache: %d superseded unit(s) of %s not restored",
+                        selection.superseded_units, self.key[:12])
         self.report.restore_seconds += time.perf_counter() - start
         answers: dict[str, bool] = {}
         for pack in packs:
@@ -185,12 +162,35 @@ class CacheSession:
             self.store.record_miss(self.key)
         elif self.report.restored_packs > before:
             self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
-        self._capture = artifacts.Capture()
         self._counters = dynamo.CompileCounters.snapshot()
+
+    def start_capture(self) -> None:
+        """Capture by use where torch allows it, else (warned once, counted) the directory diff.
+
+        Another backend than Inductor keeps the diff, as it always had: what it writes into the
+        local dirs (a custom backend may) is all a pack can know of it.
+        """
+        if not self._inductor:
+            self.report.capture = "directory diff"
+            self._capture = artifacts.Capture()
+            return
+        if capture.install():
+            self._by_use = True
+            self.report.capture = "by use"
+            cache_use.on_compiled(_on_compiled)
+            publisher.get().at_exit(_publish_at_exit)
+            _live.add(self)
+            if self.precompile:  # Dynamo's precompile entries: still found by a diff (#13)
+                self._capture = artifacts.Capture()
+        else:
+            self.report.capture = "directory diff"
+            self.store.record_capture_fallback()
+            self._capture = artifacts.Capture()
 
     # -- after forwards ---------------------------------------------------------------------
     def after_forward(self, seconds: float) -> None:
-        """Publishes what a forward compiled; a forward that compiled nothing costs a few lookups."""
+        """Counts what a forward compiled and queues its publish; a forward that compiled
+        nothing costs a few lookups."""
         now = dynamo.CompileCounters.snapshot()
         if now == self._counters:
             return
@@ -201,44 +201,96 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if self._inductor:
                 dynamo.check_counters(diff)
+            self._pending_seconds += seconds
+            if self._by_use:
+                self._prepare_precompile()
+                self.submit_publish()
+                return
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0:
                 return
-            self._publish(self._capture or artifacts.Capture(), seconds)
+            self._publish_diff(self._capture or artifacts.Capture())
             self._capture = artifacts.Capture()
 
-    def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
+    def submit_publish(self) -> None:
+        """Queues a publish of what the model used on the background publisher."""
+        if self._by_use and not self.store.read_only:
+            publisher.get().submit(self._publish_by_use, key=("publish", id(self)))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Publishes what is not published yet and waits for it; True when done in time."""
+        if not self._by_use:
+            return True
+        self._prepare_precompile()
+        self.submit_publish()
+        return publisher.get().drain(timeout)
+
+    def _prepare_precompile(self) -> None:
+        """With precompile: torch writes its Dynamo entries (on this thread, outside any compile)
+        and the files they added are carried by every pack of the model."""
+        if not self.precompile or self._capture is None:
+            return
         try:
-            members = capture.collect()
+            dynamo.save_precompile_entries()
+            changed = self._capture.changed()
         except OSError as exc:
             self._error("capture", str(exc))
             return
-        if not members:
-            return
-        # Another rank or process may have published the same compile meanwhile. Its bytes can
-        # differ from ours (two g++ runs, pickled timestamps), so content addressing alone would
-        # store a duplicate; torch names FX entries and kernels by their own content keys, so a
-        # member *name* the key's packs already hold is the same artifact: publish only new names.
-        known = self.known_members()
-        if known:
-            members = {name: data for name, data in members.items() if name not in known}
-            if not members:
-                logger.info("compile_cache: what this process compiled is already in the store")
+        self._extra.update((name, str(path)) for name, path in changed.items()
+                           if name.startswith("inductor/dynamo/"))
+
+    def _publish_by_use(self) -> None:
+        """Publishes, as one pack, every member the model's groups used that the store lacks,
+        with the manifest of the whole usage (runs on the publisher's thread)."""
+        with self._publish_lock:
+            found = capture.usage(self.owners, self._known, self._extra)
+            if found.generation == self._published_generation or not found.units:
                 return
-        info = self.store.publish(
-            self.key,
-            members,
-            metadata={
-                "fxgraph_misses": self.report.fxgraph_misses,
-                "precompile": self.precompile,
-                "isa_probe": artifacts.isa_probe_answers(),
-                **self._tags,
-            },
-            entry_info=self._entry_info,
-            compile_seconds=seconds,
-        )
+            entry = self.store.entry(self.key)
+            members, manifest = capture.resolve(
+                found, generations.held(entry.packs if entry is not None else ()))
+            self._published_generation = found.generation
+            if not members:
+                logger.info("compile_cache: the store has everything %s used", self.key[:12])
+                return
+            answers = artifacts.isa_probe_answers() or {}
+            self._write_pack(members, {
+                generations.MANIFEST_KEY: manifest,
+                "isa_probe": {k: v for k, v in answers.items() if k in manifest["always"]} or None,
+            })
+
+    def _publish_diff(self, diff: artifacts.Capture) -> None:
+        """The fallback: publishes the files the local dirs gained that the store lacks."""
+        try:
+            members = diff.collect()
+        except OSError as exc:
+            self._error("capture", str(exc))
+            return
+        entry = self.store.entry(self.key)
+        held = generations.held(entry.packs if entry is not None else ())
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
+        members = {n: d for n, d in members.items() if not generations.holds(held, n, digests[n])}
+        if not members:
+            logger.info("compile_cache: what this process compiled is already in the store")
+            return
+        # No units: a diff cannot tell whose files these are; each is kept at its newest bytes.
+        manifest = generations.make_manifest([], members, {n: digests[n] for n in members})
+        self._write_pack(members, {generations.MANIFEST_KEY: manifest,
+                                   "isa_probe": artifacts.isa_probe_answers()})
+
+    def _write_pack(self, members: dict[str, bytes], metadata: dict[str, Any]) -> None:
+        with self._lock:
+            seconds, self._pending_seconds = self._pending_seconds, 0.0
+            if self._by_use:  # the compiles' own wall time, from torch's compile callbacks
+                compiled = cache_use.compile_seconds(self.owners)
+                seconds, self._published_seconds = compiled - self._published_seconds, compiled
+            metadata = {"fxgraph_misses": self.report.fxgraph_misses,
+                        "precompile": self.precompile, **metadata, **self._tags}
+        info = self.store.publish(self.key, members, metadata=metadata,
+                                  entry_info=self._entry_info, compile_seconds=seconds)
         if info is not None:
-            self.report.published_packs += 1
-            self.report.published_bytes += info.size
+            with self._lock:
+                self.report.published_packs += 1
+                self.report.published_bytes += info.size
             logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
 
     def known_members(self) -> frozenset[str]:
@@ -352,6 +404,31 @@ def session_for(model: nn.Module) -> CacheSession | None:
         return None
 
 
+# Sessions that capture by use: the compile-end listener and the exit hook find them here.
+_live: weakref.WeakSet[CacheSession] = weakref.WeakSet()
+
+
+def _on_compiled(owners: set[str]) -> None:
+    """A compile added to the usage of ``owners``: queue the publish of every session that has
+    one of them (runs inside torch's compile, so it only queues)."""
+    for session in list(_live):
+        # With precompile, Dynamo's entries are written only outside a compile (after_forward).
+        if owners.intersection(session.owners) and not session.precompile:
+            session.submit_publish()
+
+
+def _publish_at_exit() -> None:
+    for session in list(_live):
+        session._prepare_precompile()
+        session.submit_publish()
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Publishes what every session has not published yet and waits at most ``timeout``
+    seconds for it; True when everything was written."""
+    return all([session.flush(timeout) for session in list(_live)])
+
+
 def _device_of(model: nn.Module) -> str:
     for tensor in model.parameters():
         return str(tensor.device.type)
@@ -399,6 +476,7 @@ def open_session(
         session.restore()
     except OSError as exc:
         session._error("restore", str(exc))
+    session.start_capture()
     with _report_lock:
         _last_report = session.report
     logger.info("compile_cache: %s", session.report.summary())

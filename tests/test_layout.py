@@ -23,7 +23,8 @@ PACKAGE = REPO / "compile_cache"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_paths", "_sizes", "_warnings", "config", "_testing"),
     ("torch_compat",),
-    ("fingerprint", "_reference", "plan", "keys", "store", "locks", "artifacts"),
+    ("fingerprint", "_reference", "plan", "keys", "store", "locks", "artifacts", "capture",
+     "publisher", "report"),
     ("session", "regions", "prefetch"),
     ("warmup",),
     ("distributed",),
