@@ -3,8 +3,9 @@
 The end-to-end checks (fresh nodes, two models in one process, a library being linked) are in
 tests/test_capture.py; here the bookkeeping is driven through torch's own hooked functions, with
 no compile: an entry written inside a region call belongs to that region's group only, an entry
-written outside any region call and any compile belongs to nobody, and ``torch._dynamo.reset()``
-(which clears Dynamo's callbacks) does not silently unhook the capture.
+written outside any region call belongs to nobody (a compile no region call started included),
+and ``torch._dynamo.reset()`` (which clears Dynamo's callbacks) does not silently unhook the
+capture.
 """
 
 from __future__ import annotations
@@ -59,6 +60,24 @@ def test_an_entry_written_during_a_region_call_belongs_to_that_group_only(local_
 def test_an_entry_written_outside_regions_and_compiles_belongs_to_nobody(local_dir: Path) -> None:
     _write_fx("fakekeycccc", b"someone else's graph")
     assert _entries("region_A") == set() and cache_use.counts()["fx_write"] == 1
+
+
+def test_a_compile_no_region_call_started_is_kept_by_nobody(local_dir: Path) -> None:
+    """The user's own ``torch.compile`` (no region call on the stack): its entries go into no
+    pack, and a region that then records under the same compile id gets only its own."""
+    from torch._guards import CompileContext, CompileId, compile_context
+
+    with compile_context(CompileContext(CompileId(frame_id=9001, frame_compile_id=0))):
+        _write_fx("fakekeydddd", b"the user's own graph")
+        assert cache_use.counts()["unowned"] == 1
+        stack = cache_use.owner_stack()
+        stack.append("region_A")
+        try:
+            _write_fx("fakekeyeeee", b"graph of A")
+        finally:
+            stack.pop()
+    (member,) = _entries("region_A")
+    assert "fakekeyeeee" in member
 
 
 def test_dynamo_reset_keeps_the_capture_hooked(local_dir: Path) -> None:

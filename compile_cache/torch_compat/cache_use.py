@@ -114,7 +114,6 @@ _epoch = 0
 _usage: dict[str, _Usage] = {}
 _claims: dict[str, str] = {}  # compile id -> owner
 _current: dict[str, Unit] = {}  # compile id -> the unit its events go to
-_unowned: dict[str, list[Unit]] = {}  # compile id -> units nobody claimed (yet)
 _fx_kernels: dict[str, dict[str, KernelFile]] = {}  # FX key -> kernels loaded while it was current
 _listeners: list[Callable[[set[str]], None]] = []
 _notified: dict[str, int] = {}
@@ -218,24 +217,16 @@ def _unit(slot: str | None, *, unless_aot: bool = False) -> tuple[Unit, str | No
         if key in _claims:  # claimed by another owner before: its unit is not this one's
             _current.pop(key, None)
         _claims[key] = owner
-        early = _unowned.pop(key, [])
-        if early:
-            usage = _usage_of(owner)
-            usage.units.extend(early)
-            usage.generation += 1
     owner = _claims.get(key)
+    if owner is None:  # a compile no region call started (the user's own): not ours, not kept
+        _counts["unowned"] += 1
+        return None
     unit = _current.get(key)
     if unless_aot and unit is not None and unit.slot.startswith("aot:"):
         slot = None
     if unit is None or slot is not None:
-        if owner is None and cid is None:
-            return None  # neither in a region call nor in a compile: not ours
         unit = _current[key] = Unit(slot=slot or "graph")
-        if owner is None:
-            _unowned.setdefault(key, []).append(unit)
-            _counts["unowned"] += 1
-        else:
-            _usage_of(owner).units.append(unit)
+        _usage_of(owner).units.append(unit)
     return unit, owner
 
 
@@ -456,11 +447,13 @@ def _new_epoch(handler: Any) -> None:
         _counts["resets"] += 1
         _claims.clear()
         _current.clear()
-        _unowned.clear()
-    if _on_compile_start not in handler.start_callbacks:
-        handler.register_start_callback(_on_compile_start)
-    if _on_compile_end not in handler.end_callbacks:
-        handler.register_end_callback(_on_compile_end)
+    try:
+        if _on_compile_start not in handler.start_callbacks:
+            handler.register_start_callback(_on_compile_start)
+        if _on_compile_end not in handler.end_callbacks:
+            handler.register_end_callback(_on_compile_end)
+    except Exception as exc:  # torch's reset must never fail because of us: no publish at compile end
+        mark_missing("cache_use.capture", f"after torch._dynamo.reset(): {type(exc).__name__}: {exc}")
 
 
 def install() -> bool:
@@ -491,7 +484,6 @@ def _reset() -> None:
         _usage.clear()
         _claims.clear()
         _current.clear()
-        _unowned.clear()
         _fx_kernels.clear()
         _notified.clear()
         _seconds.clear()
