@@ -18,6 +18,7 @@ from .errors import (
     CompileCacheError,
     ConfigError,
     CorruptPackError,
+    DistributedSetupError,
     LockTimeoutError,
     StoreError,
     UnsafePathError,
@@ -35,6 +36,7 @@ _LAZY: dict[str, str] = {
     "warm_up": "api",
     "warm": "api",
     "CacheReport": "session",
+    "CacheMissWarning": "explain",
     "last_report": "session",
     "RegionPlan": "plan",
     "plan_regions": "plan",
@@ -63,6 +65,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BackendUnavailableError",
+    "CacheMissWarning",
     "CacheReport",
     "RegionEagerWarning",
     "RegionPlan",
@@ -76,6 +79,7 @@ __all__ = [
     "CompileCacheError",
     "ConfigError",
     "CorruptPackError",
+    "DistributedSetupError",
     "Fingerprint",
     "LockTimeoutError",
     "StoreError",

@@ -22,10 +22,12 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.torch_compat.cpp_header",
     "compile_cache.capture",
     "compile_cache.artifacts",
+    "compile_cache.local_dirs",
     "compile_cache.prefetch",
     "compile_cache.store",
     "compile_cache.locks",
     "compile_cache.session",
+    "compile_cache.recovery",
     "compile_cache.distributed",
 )
 

@@ -25,6 +25,9 @@ def _internal_prefixes() -> tuple[str, ...]:
     torch_file = getattr(torch, "__file__", None)
     if torch_file:
         prefixes.append(os.path.dirname(os.path.abspath(torch_file)) + os.sep)
+    generated = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # Inductor's generated wrapper modules
+    if generated:
+        prefixes.append(os.path.abspath(generated) + os.sep)
     return tuple(prefixes)
 
 

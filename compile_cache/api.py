@@ -13,7 +13,7 @@
 7. **attach** the session, so the end of each forward publishes what it compiled;
 8. **coordinate** the ranks of a distributed job (:mod:`.distributed`).
 
-``warm(model, [inputs, ...])`` is the ahead-of-time grid behind ``compile-cache warm``: it runs
+``warm(model, [inputs, ...])`` is the ahead-of-time grid behind ``python -m compile_cache warm``: it runs
 ``compile_regions`` and then each example input through the one runner (:mod:`.warmup`).
 """
 
@@ -30,16 +30,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
-from . import prefetch, regions, warmup
 from .errors import ConfigError
-from .keys import entry_key
+from .keys import KeyFields, key_fields
 from .plan import check_module, plan_regions
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["WarmResult", "compile_regions", "warm", "warm_up"]
+__all__ = ["WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
 
 #: Compile now, once per job: one rank per key compiles, the others restore.
 warm_up = _distributed.warm_up
@@ -81,7 +81,11 @@ def compile_regions(
     forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
     caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
     a primitive attribute changed after compiling is not noticed (off by default for that
-    reason). ``compile_cache.last_report()`` says what was restored, compiled and published.
+    reason). ``compile_cache.last_report()`` says what was restored, compiled and published,
+    and, when the key was not in the store, why (``miss_reason``: each field that differs from
+    the closest entry of the same model; a ``CacheMissWarning`` says it too when such entries
+    exist). Equal ``torch.compile`` settings give one key: keywords equal to torch's defaults
+    (``backend="inductor"``, ``mode="default"``, ``fullgraph=False``, ...) are dropped.
 
     For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that are not already
     there start building in the background, so the first compile does not wait for them one by
@@ -97,10 +101,11 @@ def compile_regions(
     ``compile_cache.distributed``). Every rank must then call ``compile_regions`` at the same
     point; apply DDP or ``fully_shard`` afterwards.
     """
-    # 1. validate
+    # 1. validate (a bad COMPILE_CACHE_* value fails here, not when a rank first waits)
     check_module(model, "compile_regions")
     regions.validate_kwargs(torch_compile_kwargs)
     _check_cache_dir(cache_dir)
+    config.check_all()
     kwargs = dict(torch_compile_kwargs)
     # 2. plan
     plan = dataclasses.replace(
@@ -109,12 +114,14 @@ def compile_regions(
     session = None
     use_precompile = False
     if not plan.disabled:
+        local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
         use_precompile = precompile_requested(precompile) and cache_dir is not False
         if cache_dir is not False:
             # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled
             # entries when torch.compile wraps a function)
-            key = entry_key(model, plan, kwargs, use_precompile)
-            session = open_session(model, plan, key, cache_dir, use_precompile)
+            fields = key_fields(model, plan, kwargs, use_precompile)
+            session = open_session(model, plan, fields.key, cache_dir, use_precompile,
+                                   record=fields.record)
         use_precompile = use_precompile and session is not None
         # 5. prefetch, after the restore (restored test libraries need no build); in a
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
@@ -138,6 +145,18 @@ def compile_regions(
     else:
         _distributed.note_lazy(model, distributed)
     return model
+
+
+def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile_kwargs: Any) -> KeyFields:
+    """The store key (and its record) ``compile_regions(model, precompile=..., **kwargs)`` would
+    use now, computed the same way, compiling nothing (``explain``)."""
+    check_module(model, "key_for")
+    regions.validate_kwargs(torch_compile_kwargs)
+    kwargs = dict(torch_compile_kwargs)
+    plan = dataclasses.replace(
+        plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
+    )
+    return key_fields(model, plan, kwargs, precompile_requested(precompile))
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,6 +230,7 @@ def warm(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     train: bool = False,
+    grad: bool | None = None,
     precompile: bool | None = None,
     progress: bool = False,
     **compile_kwargs: Any,
@@ -221,8 +241,10 @@ def warm(
     ``compile_kwargs`` such as ``backend``, ``mode``, ``dynamic``, ``fullgraph`` go to it: use the
     same ones as the job you warm for, they are part of the cache key). Inference runs under
     ``torch.no_grad()`` with ``model.eval()``; ``train=True`` uses ``model.train()`` and runs a
-    backward too, so the backward graphs are cached as well. ``progress=True`` shows a tqdm bar
-    on stderr. Returns one :class:`WarmResult` per input, in order.
+    backward too, so the backward graphs are cached as well. ``grad`` (default: ``train``)
+    overrides whether autograd records the forward: torch compiles different graphs with and
+    without it, so mirror the job (an eval job that forgot ``no_grad`` needs ``grad=True``).
+    ``progress=True`` shows a tqdm bar on stderr. Returns one :class:`WarmResult` per input.
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"warm needs a torch.nn.Module, got {type(model).__name__}")
@@ -253,8 +275,8 @@ def warm(
         label = warmup.describe_inputs(inputs)
         note(label)
         t0 = time.perf_counter()
-        run = warmup.run(model, inputs, train, session_for(model))
-        if train and not run.backward:
+        run = warmup.run(model, inputs, train, session_for(model), grad=grad)
+        if train and grad is not False and not run.backward:
             raise ConfigError("--train: the model's output has no tensor that requires grad")
         seconds = time.perf_counter() - t0 + (setup_seconds if index == 0 else 0.0)
         now = _snapshot(report)

@@ -27,31 +27,49 @@ import dataclasses
 import logging
 import os
 import stat
-import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ._paths import atomic_write, check_member_name
 from .errors import UnsafePathError
+from .store.members import (
+    PACK_LABELS,
+    BadMemberError,
+    check_member,
+    is_complete_library,
+    is_library_name,
+    name_problem,
+)
 from .torch_compat import dynamo, inductor_cache, isa
 
 log = logging.getLogger("compile_cache.artifacts")
 
 __all__ = [
+    "LABELS",
+    "BadMemberError",
     "Capture",
+    "UnrestorableMemberError",
     "RestoreResult",
+    "check_member",
+    "check_restorable",
     "default_mode",
     "is_complete_library",
     "is_skipped",
+    "library_sizes",
     "isa_probe_answers",
     "local_cache_dirs",
+    "forget_restored",
     "restore",
+    "restored_files",
+    "restored_origin",
     "trust_restored_isa_answers",
     "validate_member",
 ]
 
 _EXECUTABLE_SUFFIXES = (".so", ".dylib", ".pyd", ".dll")
+#: The first part of every member name: which local cache dir it restores into.
+LABELS = PACK_LABELS
 # Directories under a cache root whose content is never worth carrying: lock files, and Inductor's
 # own temporary files.
 _SKIP_DIRS = frozenset({"locks", "__pycache__"})
@@ -180,50 +198,45 @@ class Capture:
 
         With Dynamo's caching precompile on, torch first writes its precompile entries to the
         local dir (they are files like the rest). A file that vanished between the walk and the
-        read is left out.
+        read is left out, and so is one torch has not finished: a file that changed while it was
+        read, or a shared library that is not a complete ELF/Mach-O file yet (torch's linker
+        writes each ``.so`` in place, at 0 bytes for a while). What a library member was
+        captured from is recorded in :attr:`recorded` (``{"file_size": n}``), and checked
+        again by every restore.
         """
         dynamo.save_precompile_entries()  # before the walk: it writes <inductor>/dynamo/...
         members: dict[str, bytes] = {}
+        self.recorded: dict[str, dict[str, Any]] = {}
         for name, path in self.changed().items():
             try:
-                members[name] = path.read_bytes()
+                data = _read_finished(path)
             except OSError as e:  # removed or replaced meanwhile: not ours to carry
                 log.debug("capture: skipping %s: %s", path, e)
+                continue
+            if data is None or (is_library_name(name) and not is_complete_library(data)):
+                log.info("capture: leaving out %s: torch has not finished writing it", path)
+                continue
+            members[name] = data
+            if is_library_name(name):
+                self.recorded[name] = {"file_size": len(data)}
         return members
 
 
-# --------------------------------------------------------------------------------------------
-# Whole libraries
+def library_sizes(members: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
+    """``{"file_size": n}`` per library member: what a pack's member table records of the
+    finished file, checked again by every restore."""
+    return {name: {"file_size": len(data)} for name, data in members.items() if is_library_name(name)}
 
-_MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
-                 b"\xfe\xed\xfa\xce", b"\xca\xfe\xba\xbe")
 
-
-def is_complete_library(data: bytes | bytearray | memoryview) -> bool:
-    """Whether ``data`` is a whole shared library, not one a linker is still writing.
-
-    ELF (Linux): the magic, and the section-header table (which ``ld`` writes last) lies within
-    the bytes; every truncation of a real kernel fails this. Mach-O and PE files (macOS,
-    Windows) are only checked for their magic. Capture keeps no library that fails it, and the
-    store's restore can use the same check.
-    """
-    head = bytes(data[:64])
-    if head[:4] == b"\x7fELF":
-        if len(data) < 64 or head[5] not in (1, 2):
-            return False
-        order = "<" if head[5] == 1 else ">"
-        if head[4] == 2:  # 64-bit
-            e_shoff = struct.unpack_from(order + "Q", head, 0x28)[0]
-            e_shentsize, e_shnum = struct.unpack_from(order + "HH", head, 0x3A)
-        elif head[4] == 1:
-            e_shoff = struct.unpack_from(order + "I", head, 0x20)[0]
-            e_shentsize, e_shnum = struct.unpack_from(order + "HH", head, 0x2E)
-        else:
-            return False
-        return e_shoff > 0 and e_shoff + e_shentsize * e_shnum <= len(data)
-    if head[:4] in _MACHO_MAGICS:
-        return len(data) >= 32
-    return head[:2] == b"MZ" and len(data) >= 64
+def _read_finished(path: Path) -> bytes | None:
+    """The bytes of ``path``, or None if it changed while read (someone is still writing it)."""
+    before = path.lstat()
+    data = path.read_bytes()
+    after = path.lstat()
+    stamp = (before.st_ino, before.st_size, before.st_mtime_ns)
+    if stamp != (after.st_ino, after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+        return None
+    return data
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,46 +290,73 @@ def _check_no_links(root: Path, rel: PurePosixPath, name: str) -> None:
             raise UnsafePathError(f"pack member {name!r}: {cur} exists and is not a regular file")
 
 
+class UnrestorableMemberError(UnsafePathError, BadMemberError):
+    """A member no restore can place: an unknown label, a name no filesystem holds. The pack is
+    bad for everyone (quarantined), unlike a problem of this node's local dir."""
+
+
+def check_restorable(name: str, roots: Mapping[str, Path] | None = None) -> tuple[Path, PurePosixPath]:
+    """``(root, relative path)`` a member restores to, or raise :class:`UnsafePathError` for a
+    name that could escape, :class:`UnrestorableMemberError` for an unknown label or a name no
+    filesystem holds (over ``COMPILE_CACHE_MAX_MEMBER_NAME``, a part over 255 bytes)."""
+    label, rel = validate_member(name)
+    root = (roots if roots is not None else local_cache_dirs()).get(label)
+    if root is None:
+        raise UnrestorableMemberError(f"pack member {name!r} has unknown label {label!r}")
+    problem = name_problem(name)
+    if problem is not None:
+        raise UnrestorableMemberError(problem)
+    return Path(root), rel
+
+
 def restore(
     members: Mapping[str, bytes],
     modes: Mapping[str, int] | None = None,
     dirs: Mapping[str, Path] | None = None,
+    *,
+    origin: Any = None,
 ) -> RestoreResult:
     """Write a pack's files into the current local cache dirs.
 
-    Every member name is checked before anything is written (:class:`UnsafePathError` names the
-    first bad one): it must be ``<label>/<relative path>`` with a known label, no absolute path,
-    no ``..``/``.``/empty parts, and no existing link on the way. A file that already exists
-    with the same bytes is left alone (idempotent); otherwise the bytes go to a unique temporary
-    name in the target dir and ``os.replace`` publishes them, so processes restoring the same pack
-    concurrently never see a partial file. ``modes`` overrides :func:`default_mode` per member.
+    Every member name is checked before anything is written (:func:`check_restorable` raises
+    for the first bad one): it must be ``<label>/<relative path>`` with a known label, no
+    absolute path, no ``..``/``.``/empty parts, fit the name limits, and no existing link on the
+    way. A file that already exists with the same bytes is left alone (idempotent); otherwise
+    the bytes go to a unique temporary name in the target dir and ``os.replace`` publishes them,
+    so processes restoring the same pack concurrently never see a partial file. Members read
+    from a store pack (:class:`~compile_cache.store.reader.PackMembers`, already checked by the
+    store's load) are copied in chunks, never held whole. ``modes`` overrides
+    :func:`default_mode` per member. ``origin`` (e.g. the pack) is remembered for each file
+    (:func:`restored_origin`), to find the pack again if torch cannot load the file.
     """
-    roots = {label: Path(os.path.abspath(p)) for label, p in (dirs or local_cache_dirs()).items()}
-    plan: list[tuple[str, Path, bytes]] = []
+    # The roots' real paths: a symlinked root is resolved once, here, never followed per file.
+    roots = {label: Path(os.path.realpath(p)) for label, p in (dirs or local_cache_dirs()).items()}
+    plan: list[tuple[str, Path]] = []
     result = RestoreResult()
-    for name, data in members.items():
-        label, rel = validate_member(name)
-        root = roots.get(label)
-        if root is None:
-            raise UnsafePathError(f"pack member {name!r} has unknown label {label!r}")
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+    streamed = callable(getattr(members, "chunks", None))
+    for name in members:
+        root, rel = check_restorable(name, roots)
+        if not streamed and not isinstance(members[name], (bytes, bytearray, memoryview)):
             raise UnsafePathError(f"pack member {name!r} is not bytes")
         _check_no_links(root, rel, name)
-        plan.append((name, root.joinpath(*rel.parts), bytes(data)))
+        plan.append((name, root.joinpath(*rel.parts)))
 
     umask = _umask()
-    for name, target, data in plan:
-        if _same_file(target, data):
+    for name, target in plan:
+        size, chunks = _source(members, name, streamed)
+        if _same_file(target, size, chunks):
             result.present.append(name)
         else:
             mode = (modes or {}).get(name, default_mode(name)) & 0o777 & ~umask
             target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, data, mode=mode, fsync=False)  # torch's cache is not fsynced either
+            atomic_write(target, chunks(), mode=mode, fsync=False)  # torch's cache is not fsynced either
             result.written.append(name)
-            result.bytes_written += len(data)
+            result.bytes_written += size
         real = os.path.realpath(target)
         if name.endswith(_EXECUTABLE_SUFFIXES):
             _restored_libraries[name] = real
+        if origin is not None:
+            _restored_origins[real] = origin
         try:
             st = os.lstat(real)
             result.files[name] = (real, st.st_size, st.st_mtime_ns)
@@ -325,17 +365,48 @@ def restore(
     return result
 
 
-def _same_file(path: Path, data: bytes) -> bool:
+def _source(members: Mapping[str, bytes], name: str, streamed: bool) -> tuple[int, Callable[[], Iterable[bytes]]]:
+    """``(size, chunks)`` of one member: streamed from a pack file, or the bytes in memory."""
+    if streamed:
+        return members.size(name), lambda: members.chunks(name)  # type: ignore[attr-defined]
+    data = bytes(members[name])
+    return len(data), lambda: (data,)
+
+
+def _same_file(path: Path, size: int, chunks: Callable[[], Iterable[bytes]]) -> bool:
     try:
         st = path.lstat()
     except FileNotFoundError:
         return False
-    if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         return False
     try:
-        return path.read_bytes() == data
+        with open(path, "rb") as fh:
+            for chunk in chunks():
+                if fh.read(len(chunk)) != chunk:
+                    return False
+            return fh.read(1) == b""
     except OSError:
         return False
+
+
+_restored_origins: dict[str, Any] = {}  # realpath of a file restore() wrote or found -> origin
+
+
+def restored_origin(path: str | os.PathLike[str]) -> Any:
+    """The ``origin`` that :func:`restore` was given for the file at ``path`` (None if it did
+    not restore it)."""
+    return _restored_origins.get(os.path.realpath(path))
+
+
+def restored_files(origin: Any = None) -> list[str]:
+    """The files :func:`restore` wrote or found (for ``origin``, or for any)."""
+    return [path for path, o in _restored_origins.items() if origin is None or o == origin]
+
+
+def forget_restored(path: str | os.PathLike[str]) -> None:
+    """Forget that :func:`restore` put ``path`` in place (it was removed, or replaced)."""
+    _restored_origins.pop(os.path.realpath(path), None)
 
 
 def _umask() -> int:
@@ -401,6 +472,7 @@ def _answer_restored(isa_object: Any, path: str) -> bool | None:
 
 
 def _reset() -> None:
-    """Forget restored libraries and trusted probe answers (tests)."""
+    """Forget restored files and trusted probe answers (tests)."""
     _restored_libraries.clear()
     _trusted_answers.clear()
+    _restored_origins.clear()

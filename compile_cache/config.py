@@ -28,7 +28,11 @@ __all__ = [
     "DIR",
     "DISTRIBUTED",
     "LOCK",
+    "LOCK_STALE",
     "LOCK_TIMEOUT",
+    "MAX_MEMBER_NAME",
+    "MAX_PACK_MEMBERS",
+    "MAX_PACK_SIZE",
     "MAX_SIZE",
     "PRECOMPILE",
     "PREFETCH",
@@ -36,9 +40,11 @@ __all__ = [
     "READ_ONLY",
     "SHARED",
     "SIGNING_KEY",
+    "TRUST_LOCAL_DIRS",
     "VARIABLES",
     "WAIT_TIMEOUT",
     "Variable",
+    "check_all",
     "describe",
     "parse_bool",
 ]
@@ -102,6 +108,26 @@ def _shared(text: str) -> bool:
 
 def _text(text: str) -> str:
     return text
+
+
+def _positive_size(text: str) -> int:
+    value = _size(text)
+    if value <= 0:
+        raise _Invalid(text)
+    return value
+
+
+def _count(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise _Invalid(text) from None
+        if not low <= value <= high:
+            raise _Invalid(text)
+        return value
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -233,6 +259,35 @@ LOCK_TIMEOUT = _register(Variable(
     "seconds the compiling rank waits for the store's lock of its key",
     "a positive number of seconds", _seconds,
 ))
+LOCK_STALE = _register(Variable(
+    "COMPILE_CACHE_LOCK_STALE", "seconds", 120.0,
+    "seconds without a heartbeat after which a lock is stale and waiters break it (its holder "
+    "refreshes it every tenth of that, at least every second, while it compiles)",
+    "a positive number of seconds", _seconds,
+))
+
+# -- bounds on what one pack may hold (checked from its prefix and header before its body is read)
+MAX_PACK_SIZE = _register(Variable(
+    "COMPILE_CACHE_MAX_PACK_SIZE", "size", 1 << 30,
+    "largest pack read or written; a larger one is refused from its first bytes (a counted miss)",
+    "a positive size such as 4G or 512M; units B, K, M, G, T, P (binary)", _positive_size,
+))
+MAX_PACK_MEMBERS = _register(Variable(
+    "COMPILE_CACHE_MAX_PACK_MEMBERS", "count", 20_000,
+    "most files one pack may hold; a pack listing more is refused from its header",
+    "a whole number from 1 to 10000000", _count(1, 10_000_000),
+))
+MAX_MEMBER_NAME = _register(Variable(
+    "COMPILE_CACHE_MAX_MEMBER_NAME", "count", 1024,
+    "longest member name (characters) a pack may hold; each path part is at most 255 bytes",
+    "a whole number from 16 to 4096", _count(16, 4096),
+))
+TRUST_LOCAL_DIRS = _register(Variable(
+    "COMPILE_CACHE_TRUST_LOCAL_DIRS", "bool", False,
+    "use torch's local Inductor/Triton dirs even when another user owns or can write them "
+    "(default: warn and use a private directory instead)",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
 
 
 def _default_text(variable: Variable) -> str:
@@ -245,6 +300,14 @@ def _default_text(variable: Variable) -> str:
     if variable.name == SHARED.name:
         return "private"
     return str(variable.default)
+
+
+def check_all() -> None:
+    """Parses every variable that is set: ConfigError for the first bad one. ``compile_regions``
+    calls it first, so a typo in a job's environment fails at that line, not when a rank first
+    waits for another half an hour later."""
+    for variable in VARIABLES.values():
+        variable.value()
 
 
 def describe() -> list[dict[str, Any]]:

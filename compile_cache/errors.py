@@ -33,3 +33,7 @@ class UnsafePathError(CorruptPackError):
 
 class LockTimeoutError(CompileCacheError, TimeoutError):
     """A lock could not be taken within its timeout."""
+
+
+class DistributedSetupError(CompileCacheError, RuntimeError):
+    """The job's ``torch.distributed`` setup lacks what the ranks need to coordinate (the c10d store)."""

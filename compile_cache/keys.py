@@ -1,8 +1,12 @@
 """The keys: the store key of a compile, and the environment key inside it.
 
 **Store key** (:func:`entry_key`) = hash of the model's fingerprint, the region plan, the
-``torch.compile`` keywords (canonical form: JSON-able, process-independent), the environment key
-and whether precompile is on. Equal settings give one key; an entry of the store is one key.
+``torch.compile`` keywords (canonical form, :func:`canonical_compile_kwargs`: a keyword equal to
+torch's default is dropped, aliases map to one form), the environment key and whether precompile
+is on. Equal compiles give one key: ``{}``, ``backend="inductor"``, ``mode="default"``,
+``fullgraph=False`` and ``dynamic=None`` are one ``torch.compile``. An entry of the store is one
+key; :func:`key_fields` also gives the readable record an entry keeps (``entry.json``) so that
+:mod:`compile_cache.explain` can name what differs when a key misses.
 
 **Environment key** (:func:`environment`, :func:`environment_digest`): everything outside the
 model that makes torch's compiled code differ. An artifact compiled under one environment is
@@ -19,9 +23,11 @@ across processes (no ``hash()``, no ids, no addresses, no paths).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import platform
 import re
@@ -32,7 +38,16 @@ from .fingerprint import fingerprint
 from .torch_compat import configs as torch_configs
 from .torch_compat import isa
 
-__all__ = ["KEY_FORMAT", "entry_key", "environment", "environment_digest"]
+__all__ = [
+    "KEY_FORMAT",
+    "KeyFields",
+    "canonical_compile_kwargs",
+    "entry_key",
+    "environment",
+    "environment_digest",
+    "key_fields",
+    "model_structure",
+]
 
 KEY_FORMAT = 1
 
@@ -60,18 +75,133 @@ def _canonical_kwargs(value: Any) -> Any:
     return repr(value)
 
 
-def entry_key(model: Any, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> str:
-    """The store key: model fingerprint, plan, torch.compile keywords, environment, precompile."""
+#: Values torch.compile treats as its default, per keyword (torch 2.13's ``backend`` default is
+#: None and means "inductor"; older torch spells it "inductor").
+_DEFAULT_SPELLINGS: dict[str, tuple[Any, ...]] = {
+    "backend": (None, "inductor"),
+    "mode": (None, "default"),
+    "options": (None, {}),
+}
+
+
+def _compile_defaults() -> dict[str, Any]:
+    """torch.compile's keyword defaults, read from its signature (a torch that changes one is
+    handled without a change here)."""
+    import torch
+
+    try:
+        params = inspect.signature(torch.compile).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - a torch whose compile has no signature
+        return {}
+    return {p.name: p.default for p in params
+            if p.default is not inspect.Parameter.empty and p.name != "model"}
+
+
+def _same(value: Any, default: Any) -> bool:
+    if value is None or default is None:
+        return value is default
+    return type(value) is type(default) and value == default
+
+
+def canonical_compile_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` keywords in one canonical, JSON-able form: every keyword equal to
+    torch's default (read from ``torch.compile``'s signature) or to another spelling of it
+    (``backend="inductor"``, ``mode="default"``, ``options={}``) is dropped, the rest sorted."""
+    defaults = _compile_defaults()
+    out: dict[str, Any] = {}
+    for name in sorted(kwargs):
+        value = kwargs[name]
+        if name in defaults:
+            spellings = _DEFAULT_SPELLINGS.get(name, ())
+            default = defaults[name]
+            if _same(value, default) or (
+                any(_same(value, s) for s in spellings) and any(_same(default, s) for s in spellings)
+            ):
+                continue
+        out[name] = _canonical_kwargs(value)
+    return out
+
+
+def model_structure(model: Any) -> dict[str, Any]:
+    """What identifies "the same model" apart from how it is set up: the class of every
+    submodule and the names and shapes of its parameters and buffers, but not their dtypes,
+    devices, ``requires_grad``, attributes or code (those are named by ``explain`` when they
+    differ). ``digest`` matches entries of one model; ``dtypes``/``devices`` are readable."""
+    modules = [(name, f"{type(m).__module__}.{type(m).__qualname__}") for name, m in model.named_modules()]
+    tensors = [(name, list(t.shape)) for name, t in model.named_parameters()]
+    tensors += [(name, list(t.shape)) for name, t in model.named_buffers()]
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in model.parameters()})
+    devices = sorted({t.device.type for t in model.parameters()})
+    blob = json.dumps({"modules": modules, "tensors": tensors}, separators=(",", ":"))
+    return {
+        "digest": hashlib.sha256(blob.encode()).hexdigest()[:32],
+        "dtypes": dtypes or sorted({str(t.dtype).removeprefix("torch.") for t in model.buffers()}),
+        "devices": devices or sorted({t.device.type for t in model.buffers()}) or ["cpu"],
+    }
+
+
+def _plan_summary(plan: Any) -> dict[str, Any]:
+    data = plan.to_dict() if hasattr(plan, "to_dict") else {"repr": repr(plan)}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=repr)
+    return {
+        "digest": hashlib.sha256(blob.encode()).hexdigest()[:32],
+        "groups": [f"{g.class_name.rsplit('.', 1)[-1]} x{g.size}" for g in getattr(plan, "groups", ())],
+        "compiled": [p.name or "<root>" for p in getattr(plan, "compiled_rest", ())],
+        "eager": [p.name or "<root>" for p in getattr(plan, "eager_rest", ())],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyFields:
+    """A store key and the readable record of what went into it (``entry.json``, miss records).
+
+    ``record``: ``model`` (class, fingerprint, structure digest, parameter dtypes and devices),
+    ``compile`` (canonical keywords), ``precompile``, ``environment`` (every field, not only the
+    digest) and ``plan`` (digest, region groups, compiled and eager parts).
+    """
+
+    key: str
+    record: dict[str, Any]
+
+
+def key_fields(model: Any, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> KeyFields:
+    """The store key of compiling ``model`` with ``plan`` and ``compile_kwargs``, and its record."""
+    compile_settings = canonical_compile_kwargs(compile_kwargs)
+    env = environment()
+    model_hex = fingerprint(model).hex
     material = {
         "format": KEY_FORMAT,
-        "model": fingerprint(model).hex,
+        "model": model_hex,
         "plan": plan.to_dict() if hasattr(plan, "to_dict") else repr(plan),
-        "compile": _canonical_kwargs(compile_kwargs),
-        "environment": environment_digest(),
-        "precompile": precompile,
+        "compile": compile_settings,
+        "environment": environment_digest(env),
+        "precompile": bool(precompile),
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    key = hashlib.sha256(blob.encode()).hexdigest()[:32]
+    structure = model_structure(model)
+    record = {
+        "key_format": KEY_FORMAT,
+        "model": {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "fingerprint": model_hex,
+            "structure": structure["digest"],
+            "dtypes": structure["dtypes"],
+            "devices": structure["devices"],
+        },
+        "compile": compile_settings,
+        "precompile": bool(precompile),
+        "environment": env,
+        "environment_key": material["environment"],
+        "plan": _plan_summary(plan),
+    }
+    return KeyFields(key=key, record=record)
+
+
+def entry_key(model: Any, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> str:
+    """The store key: model fingerprint, plan, canonical torch.compile keywords, environment,
+    precompile (see :func:`key_fields` for the record that goes with it)."""
+    return key_fields(model, plan, compile_kwargs, precompile).key
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,11 +35,28 @@ class CacheReport:
     #: how packs are captured: "by use", "directory diff" (a torch hook missing) or "" (none)
     capture: str = ""
     errors: list[str] = dataclasses.field(default_factory=list)
+    #: why the key was not in the store (None when it was): the fields that differ from the
+    #: closest entry of the same model (``compile_cache.explain``)
+    miss_reason: str | None = None
+    #: Restored files torch could not load (removed, built again; their packs quarantined).
+    load_failures: int = 0
 
     @property
     def hit(self) -> bool:
-        """True when packs were restored and no forward so far had to compile anything new."""
-        return self.restored_packs > 0 and self.fxgraph_misses == 0
+        """True when packs were restored, torch loaded them, and no forward so far had to
+        compile anything new."""
+        return self.restored_packs > 0 and self.fxgraph_misses == 0 and self.load_failures == 0
+
+    @property
+    def outcome(self) -> str:
+        """The one meaning of hit, as ``stats`` counts it: ``hit`` (restored, compiled nothing
+        new), ``partial`` (restored, then compiled new graphs), ``miss`` (nothing restored from
+        the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all)."""
+        if self.restored_packs:
+            return "hit" if self.fxgraph_misses == 0 else "partial"
+        if self.fxgraph_hits and not self.fxgraph_misses:
+            return "local"
+        return "miss"
 
     @property
     def degraded(self) -> list[str]:
@@ -57,9 +74,8 @@ class CacheReport:
             )
         else:
             parts.append("nothing to restore")
-        parts.append(
-            f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} from cache"
-        )
+        source = "from the restored packs" if self.restored_packs else "from torch's local cache"
+        parts.append(f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} {source}")
         if self.published_packs:
             parts.append(
                 f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
@@ -69,10 +85,11 @@ class CacheReport:
         degraded = self.degraded
         if degraded:
             parts.append(f"without torch capabilities {', '.join(degraded)}")
-        return f"key {self.key[:12]}: " + "; ".join(parts)
+        return f"key {self.key}: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["hit"] = self.hit
+        data["outcome"] = self.outcome
         data["degraded"] = self.degraded
         return data

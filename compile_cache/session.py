@@ -9,8 +9,8 @@ neither the disk layout (``compile_cache.store``) nor torch's cache internals
 
 The distributed warm-up works through the session's public methods: :attr:`CacheSession.entry_info`,
 :meth:`~CacheSession.tagged` (metadata for the packs it publishes), :meth:`~CacheSession.lock`,
-:meth:`~CacheSession.entry`, :meth:`~CacheSession.packs_to_send` and
-:meth:`~CacheSession.publish_received`.
+:meth:`~CacheSession.entry` and :attr:`~CacheSession.store` (broadcast mode reads and publishes
+the packs it sends and receives there).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _warnings, artifacts, capture, config, publisher
-from ._sizes import format_size
-from .errors import CompileCacheError, UnsafeStoreError
+from . import _warnings, artifacts, capture, config, local_dirs, publisher, recovery
+from .errors import CompileCacheError, ConfigError, UnsafeStoreError
+from .explain import CacheMissWarning, explain
 from .report import CacheReport
-from .store import EntryInfo, Store, generations
-from .torch_compat import cache_use, dynamo, isa
+from .session_publish import PublishingSession
+from .store import EntryInfo, Store, generations, misses
+from .torch_compat import cache_use, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -64,7 +65,7 @@ def precompile_requested(precompile: bool | None) -> bool:
     return bool(config.PRECOMPILE.value())
 
 
-class CacheSession:
+class CacheSession(PublishingSession):
     """One model's link to the store: restores at open, publishes what the model's regions used.
 
     Capture by use (:mod:`compile_cache.capture`): the end of every compile that added to the
@@ -76,7 +77,8 @@ class CacheSession:
     """
 
     def __init__(
-        self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None
+        self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -86,14 +88,17 @@ class CacheSession:
             "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
             "torch": torch.__version__,
             "device": _device_of(model),
-            # For `compile-cache ls`: the region groups, e.g. "GPT2Block x4".
+            # For `python -m compile_cache ls`: the region groups, e.g. "GPT2Block x4".
             "regions": ", ".join(
                 f"{g.class_name.rsplit('.', 1)[-1]} x{g.size}" for g in getattr(plan, "groups", ())
             ),
+            # What went into the key, readably (keys.key_fields): for `explain` and `ls`.
+            **(record or {}),
         }
+        self._counted: str | None = None  # the outcome counted in the store's stats so far
         kwargs = getattr(plan, "compile_kwargs", None) or {}
         #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
-        self._inductor = kwargs.get("backend", "inductor") == "inductor"
+        self._inductor = kwargs.get("backend") in (None, "inductor")
         #: The region groups' code names: whose usage this model's packs carry.
         self.owners: tuple[str, ...] = tuple(
             [g.code_name for g in getattr(plan, "groups", ())]
@@ -113,42 +118,59 @@ class CacheSession:
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
-        """Writes the key's current generation into the local Inductor/Triton dirs; counts hit
-        or miss.
+        """Writes the key's current generation into the local Inductor/Triton dirs; explains a
+        miss.
 
         Only the members of the newest unit per (region group, slot), for the model's region
         groups, plus what every pack carries (:mod:`compile_cache.store.generations`); a pack
         without a manifest is applied whole. Called at open, and again by the distributed flow
-        once another rank has published (then ``count=False`` adds to the report and counts only
-        a hit, since the miss was counted). Idempotent: files already there are left alone.
+        once another rank has published (then ``count=False``: the restored packs replace the
+        report's, and the miss is not explained again). The start's outcome is counted once its
+        first forward ends (:meth:`after_forward`). Idempotent: files already there are left alone.
         """
         start = time.perf_counter()
-        before = self.report.restored_packs
         packs = self.store.load(self.key)
         selection = generations.select([p.info for p in packs], self.owners or None)
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
         for pack in packs:
-            subset = {name: pack.members[name] for name, src in selection.sources.items()
-                      if src == pack.info.name and name in pack.members}
-            if not subset:
+            wanted = [name for name, src in selection.sources.items() if src == pack.info.name]
+            if not wanted:
+                pack.close()
                 continue
+            members = pack.members.only(wanted)
+            origin = recovery.origin(self.store, pack.info)
             try:
-                result = artifacts.restore(subset)
-            except (CompileCacheError, OSError) as exc:
+                result = artifacts.restore(members, origin=origin)
+                nbytes = sum(members.size(name) for name in members)
+                digests = {name: selection.wanted.get(name) or _digest(members, name)
+                           for name in result.files}
+            except artifacts.UnrestorableMemberError as exc:
+                # The pack itself is bad for every node (a label no restore knows, a name no
+                # filesystem holds): set it aside once, instead of failing on every start.
+                self.report.errors.append(f"restore: pack {pack.info.name}: {exc}")
+                self.store.quarantine(pack.info, str(exc))
+                continue
+            except (CompileCacheError, OSError) as exc:  # this node's local dir (a planted link...)
                 self._error("restore", f"pack {pack.info.name}: {exc}")
                 continue
+            finally:
+                pack.close()
+            recovery.restored(origin, self.store, pack.info, self.report)
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
-            self.report.restored_bytes += sum(len(data) for data in subset.values())
+            self.report.restored_bytes += nbytes
             for name, (real, size, mtime) in result.files.items():
-                digest = selection.wanted.get(name) or hashlib.sha256(subset[name]).hexdigest()
-                self._known[name] = (real, size, mtime, digest)
+                self._known[name] = (real, size, mtime, digests[name])
         if selection.superseded_units:
             logger.info("compile_cache: %d superseded unit(s) of %s not restored",
                         selection.superseded_units, self.key[:12])
         self.report.restore_seconds += time.perf_counter() - start
+        if self.report.restored_packs and self._inductor:
+            # A restored graph whose library torch cannot load compiles instead (and the pack is
+            # set aside): the hook around torch's load of a cached graph.
+            inductor_cache.guard_cache_loads(recovery.on_load_failure)
         answers: dict[str, bool] = {}
         for pack in packs:
             published = pack.info.metadata.get("isa_probe")
@@ -156,12 +178,8 @@ class CacheSession:
                 answers.update((k, v) for k, v in published.items() if isinstance(v, bool))
         if self.report.restored_packs and answers:
             artifacts.trust_restored_isa_answers(answers)
-        if count and self.report.restored_packs:
-            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
-        elif count:
-            self.store.record_miss(self.key)
-        elif self.report.restored_packs > before:
-            self.store.record_hit(self.key, nbytes=self.report.restored_bytes)
+        if count and not self.report.restored_packs:
+            self._explain_miss()
         self._counters = dynamo.CompileCounters.snapshot()
 
     def start_capture(self) -> None:
@@ -193,6 +211,9 @@ class CacheSession:
         nothing costs a few lookups."""
         now = dynamo.CompileCounters.snapshot()
         if now == self._counters:
+            if self._counted is None:
+                with self._lock:
+                    self._count_outcome()
             return
         with self._lock:
             diff = now.diff(self._counters)
@@ -201,6 +222,7 @@ class CacheSession:
             self.report.fxgraph_misses += diff.fxgraph_miss
             if self._inductor:
                 dynamo.check_counters(diff)
+            self._count_outcome()
             self._pending_seconds += seconds
             if self._by_use:
                 self._prepare_precompile()
@@ -211,94 +233,45 @@ class CacheSession:
             self._publish_diff(self._capture or artifacts.Capture())
             self._capture = artifacts.Capture()
 
-    def submit_publish(self) -> None:
-        """Queues a publish of what the model used on the background publisher."""
-        if self._by_use and not self.store.read_only:
-            publisher.get().submit(self._publish_by_use, key=("publish", id(self)))
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Publishes what is not published yet and waits for it; True when done in time."""
-        if not self._by_use:
-            return True
-        self._prepare_precompile()
-        self.submit_publish()
-        return publisher.get().drain(timeout)
-
-    def _prepare_precompile(self) -> None:
-        """With precompile: torch writes its Dynamo entries (on this thread, outside any compile)
-        and the files they added are carried by every pack of the model."""
-        if not self.precompile or self._capture is None:
+    def _count_outcome(self) -> None:
+        """Counts this start in the store's stats, once: at the end of its first forward, and
+        again only to correct a hit that then compiled something (a partial hit) or a local-cache
+        hit that then compiled (a miss)."""
+        outcome = self.report.outcome
+        if outcome == self._counted:
             return
+        if self._counted is None or (self._counted, outcome) in (("hit", "partial"), ("local", "miss")):
+            self.store.record_outcome(self.key, outcome, previous=self._counted,
+                                      nbytes=self.report.restored_bytes)
+            self._counted = outcome
+
+    def _explain_miss(self) -> None:
+        """Names why the key is not in the store (``report.miss_reason``), records the miss for
+        ``python -m compile_cache explain``, and warns once when entries of the same model are
+        there (a miss the user did not expect)."""
         try:
-            dynamo.save_precompile_entries()
-            changed = self._capture.changed()
+            explanation = explain(self.key, self._entry_info, misses.entry_records(self.store),
+                                  str(self.store.root))
         except OSError as exc:
-            self._error("capture", str(exc))
+            logger.debug("compile_cache: could not explain the miss of %s: %s", self.key, exc)
             return
-        self._extra.update((name, str(path)) for name, path in changed.items()
-                           if name.startswith("inductor/dynamo/"))
-
-    def _publish_by_use(self) -> None:
-        """Publishes, as one pack, every member the model's groups used that the store lacks,
-        with the manifest of the whole usage (runs on the publisher's thread)."""
-        with self._publish_lock:
-            found = capture.usage(self.owners, self._known, self._extra)
-            if found.generation == self._published_generation or not found.units:
-                return
-            entry = self.store.entry(self.key)
-            members, manifest = capture.resolve(
-                found, generations.held(entry.packs if entry is not None else ()))
-            self._published_generation = found.generation
-            if not members:
-                logger.info("compile_cache: the store has everything %s used", self.key[:12])
-                return
-            answers = artifacts.isa_probe_answers() or {}
-            self._write_pack(members, {
-                generations.MANIFEST_KEY: manifest,
-                "isa_probe": {k: v for k, v in answers.items() if k in manifest["always"]} or None,
-            })
-
-    def _publish_diff(self, diff: artifacts.Capture) -> None:
-        """The fallback: publishes the files the local dirs gained that the store lacks."""
-        try:
-            members = diff.collect()
-        except OSError as exc:
-            self._error("capture", str(exc))
-            return
-        entry = self.store.entry(self.key)
-        held = generations.held(entry.packs if entry is not None else ())
-        digests = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
-        members = {n: d for n, d in members.items() if not generations.holds(held, n, digests[n])}
-        if not members:
-            logger.info("compile_cache: what this process compiled is already in the store")
-            return
-        # No units: a diff cannot tell whose files these are; each is kept at its newest bytes.
-        manifest = generations.make_manifest([], members, {n: digests[n] for n in members})
-        self._write_pack(members, {generations.MANIFEST_KEY: manifest,
-                                   "isa_probe": artifacts.isa_probe_answers()})
-
-    def _write_pack(self, members: dict[str, bytes], metadata: dict[str, Any]) -> None:
-        with self._lock:
-            seconds, self._pending_seconds = self._pending_seconds, 0.0
-            if self._by_use:  # the compiles' own wall time, from torch's compile callbacks
-                compiled = cache_use.compile_seconds(self.owners)
-                seconds, self._published_seconds = compiled - self._published_seconds, compiled
-            metadata = {"fxgraph_misses": self.report.fxgraph_misses,
-                        "precompile": self.precompile, **metadata, **self._tags}
-        info = self.store.publish(self.key, members, metadata=metadata,
-                                  entry_info=self._entry_info, compile_seconds=seconds)
-        if info is not None:
-            with self._lock:
-                self.report.published_packs += 1
-                self.report.published_bytes += info.size
-            logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
+        self.report.miss_reason = explanation.reason
+        misses.record_miss(self.store, self.key, self._entry_info, explanation.reason)
+        if explanation.candidates and (str(self.store.root), self.key) not in _explained:
+            _explained.add((str(self.store.root), self.key))
+            _warnings.warn(f"compile_cache: {explanation.reason}", CacheMissWarning)
+        else:
+            logger.info("compile_cache: %s", explanation.reason)
 
     def known_members(self) -> frozenset[str]:
         """Member names held by the key's packs now (from the headers the store already read)."""
         entry = self.store.entry(self.key)
         if entry is None:
             return frozenset()
-        return frozenset(name for pack in entry.packs for name in pack.member_names)
+        # Only packs this reader can use: another signer's pack does not stand in for ours.
+        return frozenset(
+            name for pack in entry.packs if self.store.usable(pack) for name in pack.member_names
+        )
 
     def pack_metadata(self) -> list[dict[str, Any]]:
         """The header metadata of the key's packs now (for the distributed warm-up's checks)."""
@@ -345,45 +318,21 @@ class CacheSession:
         finally:
             self._tags = previous
 
-    def lock(self, timeout: float | None) -> Any:
+    def lock(self, timeout: float | None, wait_alive: float | None = None) -> Any:
         """The store's lock of this key (only avoids duplicate compiles; never needed for
-        correctness)."""
-        return self.store.lock(self.key, timeout=timeout)
+        correctness); ``wait_alive``: wait past ``timeout`` while its holder's heartbeat is fresh."""
+        return self.store.lock(self.key, timeout=timeout, wait_alive=wait_alive)
+
+    def lock_failed(self, exc: BaseException) -> None:
+        """The lock could not be taken (a timeout, a lock file another user made, ENOLCK): the
+        caller compiles without it; counted (``lock_fallbacks``)."""
+        logger.warning("compile_cache: lock of %s not taken (%s: %s); compiling without it",
+                       self.key[:12], type(exc).__name__, exc)
+        self.store.record_lock_fallback(exc)
 
     def entry(self) -> EntryInfo | None:
         """The key's entry in the store now (its packs' names and metadata), or None."""
         return self.store.entry(self.key)
-
-    def packs_to_send(self, receiver_packs: list[set[str]]) -> list[dict[str, Any]]:
-        """The key's packs that at least one receiver lacks (``receiver_packs``: the pack names
-        each receiver holds), as plain data for ``broadcast_object_list``."""
-        out = []
-        for pack in self.store.load(self.key):
-            if receiver_packs and all(pack.info.name in have for have in receiver_packs):
-                continue
-            out.append(
-                {
-                    "members": pack.members,
-                    "metadata": dict(pack.header.get("metadata") or {}),
-                    "compile_seconds": pack.info.compile_seconds,
-                }
-            )
-        logger.info("compile_cache: broadcasting %d pack(s) of %s", len(out), self.key[:12])
-        return out
-
-    def publish_received(self, packs: list[dict[str, Any]]) -> int:
-        """Publish packs another rank sent (``packs_to_send``'s form) into this store; how many."""
-        count = 0
-        for pack in packs:
-            self.store.publish(
-                self.key,
-                pack["members"],
-                metadata=pack.get("metadata"),
-                entry_info=self._entry_info,
-                compile_seconds=float(pack.get("compile_seconds") or 0.0),
-            )
-            count += 1
-        return count
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
@@ -429,6 +378,13 @@ def flush(timeout: float | None = None) -> bool:
     return all([session.flush(timeout) for session in list(_live)])
 
 
+def _digest(members: Any, name: str) -> str:
+    digest = hashlib.sha256()
+    for chunk in members.chunks(name):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _device_of(model: nn.Module) -> str:
     for tensor in model.parameters():
         return str(tensor.device.type)
@@ -436,6 +392,7 @@ def _device_of(model: nn.Module) -> str:
 
 
 _fallbacks_counted: set[str] = set()
+_explained: set[tuple[str, str]] = set()  # (store, key) misses warned about in this process
 
 
 def _count_backend_fallback(store: Store) -> None:
@@ -453,24 +410,29 @@ def open_session(
     key: str,
     cache_dir: str | os.PathLike[str] | bool | None,
     precompile: bool,
+    record: dict[str, Any] | None = None,
 ) -> CacheSession | None:
     """Opens the store for ``model``'s ``key`` and restores its packs; None when the store is off.
 
     A store that cannot be used (I/O errors, a path that vanished) warns once and the job goes on
-    without it; a store whose permissions would let others plant code is refused (raises).
+    without it; a store whose permissions would let others plant code is refused (raises), and so
+    is a bad ``COMPILE_CACHE_*`` value (ConfigError: never a silently disabled store).
+    ``record``: what went into the key (:func:`compile_cache.keys.key_fields`), kept in the
+    entry's ``entry.json`` and used to explain a miss.
     """
     global _last_report
     if cache_dir is False:
         return None
+    local_dirs.secure_local_dirs()  # before anything is restored into them (also done by api)
     try:
         store = Store(None if cache_dir is None or cache_dir is True else cache_dir)
-    except UnsafeStoreError:
+    except (UnsafeStoreError, ConfigError):
         raise
     except (CompileCacheError, OSError) as exc:
         _warnings.warn(f"compile_cache: store unusable, compiling without it: {exc}")
         return None
     _count_backend_fallback(store)
-    session = CacheSession(store, key, model, precompile, plan)
+    session = CacheSession(store, key, model, precompile, plan, record)
     isa.watch()  # what this process's probe answers goes into its packs
     try:
         session.restore()
@@ -489,3 +451,4 @@ def _reset() -> None:
     with _report_lock:
         _last_report = None
     _fallbacks_counted.clear()
+    _explained.clear()

@@ -168,10 +168,15 @@ class RunResult:
         self.backward = backward
 
 
-def run(model: nn.Module, inputs: Any, train: bool, session: Any = None) -> RunResult:
+def run(
+    model: nn.Module, inputs: Any, train: bool, session: Any = None, grad: bool | None = None
+) -> RunResult:
     """One call of ``model`` with ``inputs``: forward under ``no_grad``, or forward and backward.
 
-    State is preserved (:func:`preserved`). A training run whose output has nothing to
+    ``train``: the model's mode during the call. ``grad`` (default: ``train``): whether autograd
+    records the forward (torch compiles other graphs with and without it); a training run
+    (``train`` and ``grad``) also runs the backward, an eval run with ``grad=True`` only the
+    forward. State is preserved (:func:`preserved`). A training run whose output has nothing to
     backpropagate runs forward only (``RunResult.backward`` is False). ``session`` (the store
     session of the model, if any) hears of the end after the backward too, and what the run
     compiled is published before this returns (other ranks may be waiting for it).
@@ -179,12 +184,15 @@ def run(model: nn.Module, inputs: Any, train: bool, session: Any = None) -> RunR
     before = CompileCounters.snapshot()
     start = time.perf_counter()
     backward = False
+    grad = train if grad is None else bool(grad)
     with preserved(model, train):
-        if train:
-            loss = loss_of(call(model, inputs))
-            if loss is not None:
-                loss.backward()
-                backward = True
+        if grad:
+            with torch.enable_grad():
+                output = call(model, inputs)
+                loss = loss_of(output) if train else None
+                if loss is not None:
+                    loss.backward()
+                    backward = True
         else:
             with torch.no_grad():
                 call(model, inputs)

@@ -13,7 +13,7 @@ from compile_cache import cli
 
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / '_cli_targets.py'}:mlp"
-SUBCOMMANDS = ("warm", "ls", "stats", "verify", "prune", "clear", "export", "import", "doctor")
+SUBCOMMANDS = ("warm", "ls", "stats", "verify", "prune", "clear", "export", "import", "explain", "doctor")
 
 
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:

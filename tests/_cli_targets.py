@@ -64,3 +64,48 @@ def mlp() -> tuple[torch.nn.Module, torch.Tensor]:
     """The session fixture's real-compile target: TinyMLP and one 4 x 16 input."""
     torch.manual_seed(0)
     return TinyMLP().eval(), torch.randn(4, 16)
+
+
+def mlp_two_shapes() -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """The same TinyMLP (same key) with a second, new shape: restored, then compiled (partial hit)."""
+    model, x = mlp()
+    return model, [x, torch.randn(8, 16)]
+
+
+def mlp_wide() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Another model (width 24): a key of its own."""
+    torch.manual_seed(0)
+    return TinyMLP(width=24).eval(), torch.randn(4, 24)
+
+
+#: what the Recorder saw at each call: (training, grad enabled, use_cache, input shape, dtype)
+SEEN: list[tuple[bool, bool, bool, tuple[int, ...], str]] = []
+
+
+class Recorder(torch.nn.Module):
+    """A token model with a transformers-like config that records how ``warm`` calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import types
+
+        self.config = types.SimpleNamespace(vocab_size=32, max_position_embeddings=16, use_cache=True)
+        self.embed = torch.nn.Embedding(32, 8)
+        self.head = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
+        out = self.head(self.embed(input_ids))
+        _record(self.training, use_cache, input_ids, out)
+        return out
+
+
+@torch.compiler.disable
+def _record(training: bool, use_cache: bool, input_ids: torch.Tensor, out: torch.Tensor) -> None:
+    SEEN.append((training, torch.is_grad_enabled(), use_cache, tuple(input_ids.shape),
+                 str(out.dtype).removeprefix("torch.")))
+
+
+def recorder() -> torch.nn.Module:
+    """A model alone: warm builds its token grid (batch, seq, use_cache) from the flags."""
+    torch.manual_seed(0)
+    return Recorder()

@@ -64,9 +64,10 @@ class FakeInductor:
     """A backend that writes ``fxgraph/fake/<sha of graph code>`` (plus ``payload`` bytes) into the
     local Inductor dir on a miss and counts a hit when the file is there with the right content."""
 
-    def __init__(self, payload: int = 0, salt: str = "") -> None:
+    def __init__(self, payload: int = 0, salt: str = "", library: bool = False) -> None:
         self.payload = payload
         self.salt = salt.encode()  # a different salt: a different artifact name, as a new graph
+        self.library = library  # also write <sha>.so (a complete ELF), as Inductor's kernels
         self.hits = 0
         self.misses = 0
 
@@ -90,6 +91,10 @@ class FakeInductor:
             counters["inductor"]["fxgraph_cache_miss"] += 1
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
+            if self.library:
+                from _store_helpers import tiny_elf
+
+                path.with_name(path.name + ".so").write_bytes(tiny_elf(code))
         return gm.forward
 
 

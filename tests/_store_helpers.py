@@ -42,3 +42,22 @@ def craft_pack(store: Store, key: str, members: dict[str, bytes], **header: obje
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"".join(bytes(c) for c in chunks))
     return target
+
+
+def tiny_elf(payload: bytes = b"", *, sections: int = 0) -> bytes:
+    """A structurally complete 64-bit little-endian ELF shared object: header, one PT_LOAD that
+    covers the file, ``payload``, and (``sections``) a section header table at the end. Truncate
+    it and the checks must fail (the segment, or the table, then lies past the end)."""
+    import struct
+
+    phoff, phentsize = 64, 56
+    body = 64 + phentsize + len(payload)
+    shentsize = 64
+    shoff = body if sections else 0
+    total = body + sections * shentsize
+    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    header += struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, phoff, shoff, 0, 64, phentsize, 1,
+                          shentsize if sections else 0, sections, 0)
+    phdr = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, total, total, 0x1000)
+    shdrs = b"".join(struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) for _ in range(sections))
+    return header + phdr + payload + shdrs

@@ -37,7 +37,7 @@ def test_disable_and_bad_input(monkeypatch, dynamo_reset):
         plan_regions(3)
     seen = {}
 
-    def fake_open_session(m, plan, key, cache_dir, precompile):
+    def fake_open_session(m, plan, key, cache_dir, precompile, record=None):
         seen.update(model=m, plan=plan, key=key, cache_dir=cache_dir, precompile=precompile)
         return None
 

@@ -12,6 +12,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from _store_helpers import tiny_elf
 from conftest import run_mlp_child
 
 from compile_cache import UnsafePathError, artifacts
@@ -123,7 +124,9 @@ def test_capture_collects_only_new_or_changed(tmp_path: Path) -> None:
     cap = artifacts.Capture(dirs)
     (ind / "old").write_bytes(b"changed, longer")
     (ind / "ab").mkdir()
-    (ind / "ab" / "cab.so").write_bytes(b"so")
+    (ind / "ab" / "cab.so").write_bytes(tiny_elf(b"so"))
+    (ind / "ab" / "linking.so").write_bytes(b"")  # torch's linker at work: left out
+    (ind / "ab" / "half.so").write_bytes(tiny_elf(b"so", sections=2)[:-10])  # truncated: left out
     (ind / "ab" / "cab.cpp").write_bytes(b"src")  # build input: not carried
     (ind / "ab" / "cab.o").write_bytes(b"obj")
     (ind / "locks").mkdir()
@@ -137,9 +140,10 @@ def test_capture_collects_only_new_or_changed(tmp_path: Path) -> None:
     members = cap.collect()
     assert members == {
         "inductor/old": b"changed, longer",
-        "inductor/ab/cab.so": b"so",
+        "inductor/ab/cab.so": tiny_elf(b"so"),
         "triton/0/k.cubin": b"cubin",
     }
+    assert cap.recorded == {"inductor/ab/cab.so": {"file_size": len(tiny_elf(b"so"))}}
 
 
 def test_capture_nested_triton_dir_counted_once(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``compile-cache doctor`` (compile_cache.cli.doctor)."""
+"""``python -m compile_cache doctor`` (compile_cache.cli.doctor)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,19 @@ def test_doctor_flags_a_world_writable_store(capsys: pytest.CaptureFixture[str],
     code, out, _ = call(capsys, "doctor", "--cache-dir", str(store))
     assert code == 1
     assert "UNSAFE, world-writable" in out and "Problems" in out
+
+
+def test_doctor_shows_the_unresolved_misses_and_survives_a_bad_backend(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compile_cache.store import Store, misses
+
+    store = Store(tmp_path / "s")
+    misses.record_miss(store, "ab" * 16, {"model_class": "M"}, "key abababababab differs in: CPU threads")
+    misses.record_miss(store, "cd" * 16, {"model_class": "M"}, "resolved since")
+    store.publish("cd" * 16, {"inductor/x": b"1"})
+    monkeypatch.setenv("COMPILE_CACHE_BACKEND", "rust")
+    code, out, _ = call(capsys, "doctor", "--cache-dir", str(store.root))
+    assert code == 1  # the bad variable is a problem doctor lists, not a crash
+    assert "Recent misses" in out and "differs in: CPU threads" in out and "resolved since" not in out
+    assert "COMPILE_CACHE_BACKEND='rust'" in out.split("Problems", 1)[1]

@@ -1,14 +1,17 @@
-"""The ``compile-cache`` program (compile_cache.cli.main): every subcommand's --help, bad input as
-one line and exit 2, tracebacks kept for unexpected errors."""
+"""The ``python -m compile_cache`` program (compile_cache.cli.main): every subcommand's --help, bad
+input (flags, TARGETs, environment variables) as one line and exit 2, tracebacks kept for
+unexpected errors, and the program named as the user typed it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from _cli_helpers import HERE, SUBCOMMANDS, call, one_line_error, run_cli
+import torch
+from _cli_helpers import HERE, SUBCOMMANDS, TARGET, call, one_line_error, run_cli
 
 from compile_cache import cli
+from compile_cache.cli.output import PROG, _prog
 
 pytestmark = pytest.mark.usefixtures("no_env_store")
 
@@ -31,6 +34,12 @@ def test_target_that_does_not_import_subprocess(tmp_path: Path) -> None:
         (["warm", "--hf", "gpt2", "--set", "oops"], ["--set 'oops'", "key=value"]),
         (["warm", "--hf", "gpt2", "--batch-size", "1,x"], ["--batch-size"]),
         (["warm", "--hf", "gpt2", "--dtype", "float33"], ["--dtype 'float33'"]),
+        (["warm", "--hf", "gpt2", "--set", "n_layer=two"], ["--set n_layer='two'", "whole number", "12"]),
+        (["warm", "--hf", "gpt2", "--set", "n_layer=2", "--set", "n_head=5"],
+         ["--hf 'gpt2'", "n_head=5", "cannot build the model"]),
+        (["warm", TARGET, "--use-cache"], ["--use-cache"]),
+        (["explain", "--hf", "gpt2", "--set", "n_layer=two"], ["--set n_layer='two'"]),
+        (["explain", "--limit", "0"], ["--limit 0"]),
         (["warm"], ["give a TARGET"]),
         (["prune", "--max-size", "20X"], ["--max-size", "'20X'"]),
         (["prune", "--older-than", "3 fortnights"], ["--older-than"]),
@@ -78,7 +87,49 @@ def test_every_subcommand_has_help_and_cache_dir(capsys: pytest.CaptureFixture[s
         cli.main([command, "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert f"usage: compile-cache {command}" in out and "--cache-dir" in out and "--json" in out
+    assert f"usage: {PROG} {command}" in out and "--cache-dir" in out and "--json" in out
+
+
+def test_the_program_is_named_as_the_user_typed_it(tmp_path: Path) -> None:
+    assert PROG == "python -m compile_cache"  # pytest, like `python -m`, is not the console script
+    assert _prog("/usr/local/bin/compile-cache") == "compile-cache"
+    assert _prog("/site-packages/compile_cache/__main__.py") == "python -m compile_cache"
+    proc = run_cli(tmp_path, "prune", "--max-size", "20X", "--cache-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "python -m compile_cache prune: error:")
+
+
+def _unusable_device() -> str:
+    """``cuda`` on a CPU-only torch (this project's CI); a GPU index past the last one elsewhere."""
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+def test_a_device_this_torch_cannot_use_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    device = _unusable_device()
+    code, _out, err = call(capsys, "warm", TARGET, "--device", device, "--cache-dir", str(tmp_path / "s"))
+    assert code == 2
+    one_line_error(err, f"--device {device!r}", "not usable")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("COMPILE_CACHE_MAX_SIZE", "abc"),
+        ("COMPILE_CACHE_WAIT_TIMEOUT", "-5"),
+        ("COMPILE_CACHE_DISTRIBUTED", "bogus"),
+        ("COMPILE_CACHE_PREFETCH", "banana"),
+        ("COMPILE_CACHE_BACKEND", "rust"),
+    ],
+)
+def test_a_bad_environment_value_stops_warm_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    name: str, value: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, _out, err = call(capsys, "warm", TARGET, "--backend", "eager", "--cache-dir", str(tmp_path / "s"))
+    assert code == 2
+    one_line_error(err, f"{name}={value!r}", "expected")
+    assert not (tmp_path / "s").exists() or not list((tmp_path / "s").rglob("*.pack"))
 
 
 def test_bad_dynamic_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,11 +4,16 @@ import, on the store one real ``warm`` filled (the ``warmed`` fixture), copied w
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _cli_helpers import call, one_line_error, run_cli
+from _cli_helpers import HERE, call, cli_env, one_line_error, run_cli
+from _fault_helpers import FakeInductor, clean_env, run_job
+
+from compile_cache.store import Store
 
 pytestmark = pytest.mark.usefixtures("no_env_store")
 
@@ -167,3 +172,76 @@ def test_import_rejects_a_bad_archive_before_writing(capsys: pytest.CaptureFixtu
     assert code == 2
     one_line_error(err, "import")
     assert not list((tmp_path / "s").glob("v1/entries/*/*"))
+
+
+# -- one meaning of "hit" ------------------------------------------------------------------------
+_JOB_SCRIPT = """
+import json, sys
+sys.path.insert(0, {here!r})
+import torch
+import compile_cache
+from _cli_targets import mlp
+
+model, x = mlp()
+compile_cache.compile_regions(model, cache_dir=sys.argv[1], backend="inductor")  # as accelerate does
+with torch.no_grad():
+    model(x)
+print(json.dumps(compile_cache.last_report().to_dict()))
+"""
+
+
+@pytest.mark.inductor
+def test_stats_after_publish_hit_partial_hit_and_miss(
+    capsys: pytest.CaptureFixture[str], warmed: tuple[Path, dict[str, Any]], store_copy: Path, tmp_path: Path
+) -> None:
+    """The warmed fixture published (a miss); then, each on a new node: a user's script that
+    passes backend="inductor" where warm passed nothing (a hit: one key, zero FX misses), warm of
+    the same model with a new shape (a partial hit), warm of another model (a miss)."""
+    script = tmp_path / "job.py"
+    script.write_text(_JOB_SCRIPT.format(here=str(HERE)))
+    node = tmp_path / "node-hit"
+    node.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(store_copy)], env=cli_env(node), cwd=node,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads(done.stdout.splitlines()[-1])
+    assert job["key"] == warmed[1]["key"]  # the key warm printed
+    assert job["fxgraph_misses"] == 0 and job["fxgraph_hits"] >= 1 and job["outcome"] == "hit"
+
+    outcomes = []
+    for factory in ("mlp_two_shapes", "mlp_wide"):
+        node = tmp_path / f"node-{factory}"
+        node.mkdir()
+        proc = run_cli(node, "warm", f"{HERE / '_cli_targets.py'}:{factory}", "--cache-dir", str(store_copy),
+                       "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outcomes.append(json.loads(proc.stdout)["outcome"])
+    assert outcomes == ["partial", "miss"]
+
+    code, out, _ = call(capsys, "stats", "--json", "--cache-dir", str(store_copy))
+    s = json.loads(out)
+    assert (s["hits"], s["partial_hits"], s["misses"], s["local_hits"]) == (1, 1, 2, 0)
+    assert s["hit_rate"] == pytest.approx(1 / 4)
+    assert s["publishes"] == 3 and s["bytes_restored"] > 0 and s["seconds_saved"] > 0
+    code, out, _ = call(capsys, "stats", "--cache-dir", str(store_copy))
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert lines["Hits"].split()[1] == "1" and lines["Partial hits"].split()[2] == "1"
+    assert lines["Misses"].split()[1] == "2" and "25.0 %" in lines["Hit rate"]
+
+
+def test_stats_tell_torchs_local_cache_hits_from_store_hits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean_env(monkeypatch, tmp_path)
+    run_job(False)  # compiles into torch's local dir only
+    report, backend = run_job(tmp_path / "store")  # an empty store; torch's local cache has it all
+    assert backend.misses == 0 and backend.hits >= 1 and report.restored_packs == 0
+    assert report.outcome == "local" and not report.hit
+    assert "from torch's local cache" in report.summary()
+    code, out, _ = call(capsys, "stats", "--json", "--cache-dir", str(tmp_path / "store"))
+    s = json.loads(out)
+    assert (s["local_hits"], s["hits"], s["partial_hits"], s["misses"]) == (1, 0, 0, 0)
+    assert s["hit_rate"] is None  # the store served no start, and none missed it
+    report, backend = run_job(tmp_path / "store", FakeInductor(salt="new graphs"))
+    assert backend.misses >= 1 and report.outcome == "miss" and report.published_packs == 1
+    assert Store(tmp_path / "store").stats()["misses"] == 1

@@ -1,5 +1,7 @@
-"""``compile-cache warm`` (compile_cache.cli.warm): one real cold Inductor warm into a store, shared
-by the CLI tests (the ``warmed`` fixture); cheaper variations in-process with the eager backend."""
+"""``python -m compile_cache warm`` (compile_cache.cli.warm): one real cold Inductor warm into a
+store, shared by the CLI tests (the ``warmed`` fixture); cheaper variations in-process with the
+eager backend: the mode it mirrors (eval/train, grad, use_cache, dtype, device, shapes), the key
+it prints, and exit 1 when it leaves no entry for that key."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import _cli_targets
 import pytest
-from _cli_helpers import HERE, TARGET, call, run_cli
+from _cli_helpers import HERE, TARGET, call, one_line_error, run_cli
+
+import compile_cache
 
 pytestmark = pytest.mark.usefixtures("no_env_store")
 
@@ -21,6 +26,9 @@ def test_cold_warm_compiles_and_publishes(warmed: tuple[Path, dict[str, Any]]) -
     assert data["published_packs"] >= 1 and data["published_bytes"] > 0
     assert [r["shape"] for r in data["results"]] == ["4x16"]
     assert data["results"][0]["status"] == "compiled"
+    assert data["mode"] == {"train": False, "grad": False, "use_cache": None, "dtype": "float32",
+                            "device": "cpu", "shapes": ["4x16"]}
+    assert data["outcome"] == "miss" and "not in the store" in data["miss_reason"]
 
 
 @pytest.mark.inductor
@@ -37,14 +45,65 @@ def test_second_process_on_new_node_hits_with_zero_misses(store_copy: Path, tmp_
     assert data["published_packs"] == 0
 
 
-def test_warm_eager_grid_prints_a_row_per_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, _ = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:tiny_two_shapes",
-                        "--backend", "eager", "--cache-dir", str(tmp_path / "s"))
-    assert code == 0
-    header, *rows = out.splitlines()
-    assert header.split() == ["SHAPE", "RESULT", "SECONDS", "PUBLISHED"]
-    assert rows[0].startswith("1x16") and rows[1].startswith("2x8")
+def test_warm_eager_grid_prints_a_row_per_shape_and_exits_1_without_an_entry(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:tiny_two_shapes",
+                          "--backend", "eager", "--cache-dir", str(tmp_path / "s"))
+    lines = out.splitlines()
+    assert lines[0] == "mode: eval, no_grad, float32, cpu; shapes 1x16 | 2x8"
+    header = lines.index(next(line for line in lines if line.startswith("SHAPE")))
+    assert lines[header].split() == ["SHAPE", "RESULT", "SECONDS", "PUBLISHED"]
+    assert lines[header + 1].startswith("1x16") and lines[header + 2].startswith("2x8")
     assert "0 of 2 shape(s) compiled" in out
+    # The eager backend compiles nothing a job could restore: warm says so and fails.
+    key = compile_cache.last_report().key
+    assert f"key {key}:" in out
+    assert code == 1
+    one_line_error(err, f"no entry for key {key}", "backend 'eager'")
+
+
+def test_help_shows_the_mode_it_runs_and_the_flags_that_change_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        call(capsys, "warm", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("model.eval()", "torch.no_grad()", "use_cache=False", "model's own dtype",
+                   "1 x 128", "--train", "--eval", "--grad, --no-grad", "--use-cache, --no-use-cache",
+                   "--dtype", "--device", "--batch-size", "--seq-len", "last_report().key"):
+        assert needle in text, needle
+
+
+@pytest.mark.parametrize(
+    ("flags", "seen", "line"),
+    [
+        ([], (False, False, False, (1, 16), "float32"),
+         "eval, no_grad, use_cache=False, float32, cpu; shapes input_ids=1x16"),
+        (["--train", "--seq-len", "8"], (True, True, False, (1, 8), "float32"),
+         "train (forward and backward), grad, use_cache=False, float32, cpu; shapes input_ids=1x8"),
+        (["--train", "--no-grad", "--use-cache", "--batch-size", "2", "--seq-len", "4", "--dtype", "float64"],
+         (True, False, True, (2, 4), "float64"),
+         "train, no_grad, use_cache=True, float64, cpu; shapes input_ids=2x4"),
+        (["--eval", "--grad", "--device", "cpu"], (False, True, False, (1, 16), "float32"),
+         "eval, grad, use_cache=False, float32, cpu; shapes input_ids=1x16"),
+    ],
+)
+def test_flags_change_how_the_model_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], seen: tuple[Any, ...], line: str
+) -> None:
+    _cli_targets.SEEN.clear()
+    code, out, _ = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:recorder", *flags,
+                        "--backend", "eager", "--cache-dir", str(tmp_path / "s"), "--json")
+    assert code == 1  # eager: nothing stored
+    assert _cli_targets.SEEN == [seen]  # how the model really ran
+    data = json.loads(out)
+    assert data["mode"]["train"] is seen[0] and data["mode"]["grad"] is seen[1]
+    assert data["mode"]["use_cache"] is seen[2] and data["mode"]["dtype"] == seen[4]
+    _cli_targets.SEEN.clear()
+    code, out, _ = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:recorder", *flags,
+                        "--backend", "eager", "--cache-dir", str(tmp_path / "s"))
+    assert out.splitlines()[0] == f"mode: {line}"
 
 
 def test_warm_hf_builds_from_config_with_a_shape_grid(
@@ -56,14 +115,16 @@ def test_warm_hf_builds_from_config_with_a_shape_grid(
         "--batch-size", "1,2", "--seq-len", "8", "--backend", "eager", "--train",
         "--cache-dir", str(tmp_path / "s"), "--json",
     )
-    assert code == 0
+    assert code == 1  # eager: no entry
     data = json.loads(out)
     assert [r["shape"] for r in data["results"]] == ["input_ids=1x8", "input_ids=2x8"]
+    assert data["mode"]["train"] is True and data["mode"]["use_cache"] is False
 
 
 def test_warm_kwargs_inputs_and_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, _ = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:tiny_kwargs", "--backend", "eager",
                         "--dtype", "float32", "--device", "cpu", "--dynamic", "false",
                         "--cache-dir", str(tmp_path / "s"), "--json")
-    assert code == 0
-    assert json.loads(out)["results"][0]["shape"] == "tokens=1x8"
+    assert code == 1  # eager: no entry
+    data = json.loads(out)
+    assert data["results"][0]["shape"] == "tokens=1x8" and data["compile"] == {"backend": "eager", "dynamic": False}

@@ -33,6 +33,11 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_BROADCAST_SCOPE": ("node", "node", "host"),
     "COMPILE_CACHE_WAIT_TIMEOUT": ("2.5", 2.5, "-1"),
     "COMPILE_CACHE_LOCK_TIMEOUT": ("10", 10.0, "soon"),
+    "COMPILE_CACHE_LOCK_STALE": ("30", 30.0, "0"),
+    "COMPILE_CACHE_MAX_PACK_SIZE": ("512M", 512 << 20, "0"),
+    "COMPILE_CACHE_MAX_PACK_MEMBERS": ("5_000", 5000, "-3"),
+    "COMPILE_CACHE_MAX_MEMBER_NAME": ("300", 300, "8"),
+    "COMPILE_CACHE_TRUST_LOCAL_DIRS": ("yes", True, "perhaps"),
 }
 
 
@@ -159,3 +164,55 @@ def test_no_module_but_config_reads_a_compile_cache_variable() -> None:
                 if names:
                     offenders.append(f"{path.name}:{node.lineno}: {names}")
     assert offenders == []
+
+
+# -- strict at first use: a bad value stops the compile with one line, never turns the store off ---
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("COMPILE_CACHE_MAX_SIZE", "abc"),
+        ("COMPILE_CACHE_WAIT_TIMEOUT", "-5"),
+        ("COMPILE_CACHE_DISTRIBUTED", "bogus"),
+        ("COMPILE_CACHE_PREFETCH", "banana"),
+        ("COMPILE_CACHE_BACKEND", "rust"),
+    ],
+)
+def test_a_bad_value_stops_compile_regions_instead_of_turning_the_store_off(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_state: None,
+    dynamo_reset: None,
+) -> None:
+    import torch
+
+    import compile_cache
+
+    for other in config.VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, value)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    before = compile_cache.last_report()
+    with pytest.raises(ConfigError) as info:
+        compile_cache.compile_regions(model, cache_dir=tmp_path / "store", backend="eager")
+    text = str(info.value)
+    assert "\n" not in text and f"{name}={value!r}" in text and config.VARIABLES[name].allowed in text
+    assert compile_cache.last_report() is before
+    assert not list((tmp_path / "store").rglob("*.pack"))
+
+
+def test_a_bad_backend_is_raised_at_the_first_fingerprint_not_at_import() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
+    env.update(COMPILE_CACHE_BACKEND="rust", PYTHONPATH=REPO)
+    code = (
+        "import compile_cache\n"
+        "print('imported')\n"
+        "import torch\n"
+        "try:\n"
+        "    compile_cache.fingerprint(torch.nn.Linear(2, 2))\n"
+        "except compile_cache.ConfigError as exc:\n"
+        "    print('first fingerprint:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "imported", "first fingerprint: COMPILE_CACHE_BACKEND='rust' is not a valid value: "
+        "expected 'native' or 'python'"]

@@ -3,12 +3,14 @@ environment key (fields, digest stability across processes, sensitivity)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import compile_cache
@@ -119,3 +121,55 @@ def test_key_changes_with_shape_dtype_and_compile_kwargs() -> None:
     assert key(_model(), mode="max-autotune") != base
     assert key(_model(), dynamic=True) != base
     assert envmod.entry_key(_model(), compile_cache.plan_regions(_model()), {}, True) != base
+
+
+# -- one compile, one key ------------------------------------------------------------------------
+EQUAL_COMPILES: list[dict[str, object]] = [
+    {}, {"backend": "inductor"}, {"mode": "default"}, {"fullgraph": False}, {"dynamic": None},
+    {"mode": None, "options": {}, "disable": False, "backend": None},
+]
+
+
+def test_equal_compiles_give_one_key() -> None:
+    model = _model()
+    plan = compile_cache.plan_regions(model)
+    keys = {envmod.entry_key(model, plan, kwargs, False) for kwargs in EQUAL_COMPILES}
+    assert len(keys) == 1
+    assert envmod.entry_key(model, plan, {"mode": "max-autotune"}, False) not in keys
+    assert envmod.entry_key(model, plan, {"fullgraph": True}, False) not in keys
+    assert envmod.entry_key(model, plan, {"dynamic": False}, False) not in keys
+    assert envmod.entry_key(model, plan, {"backend": "eager"}, False) not in keys
+
+
+def test_defaults_come_from_torchs_own_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose torch.compile changes a default is handled without a change in keys.py."""
+
+    def compile_with_other_defaults(model=None, *, fullgraph=True, dynamic=None, backend="inductor",
+                                    mode=None, options=None, disable=False):  # noqa: ANN001, ANN202
+        raise AssertionError("never called")
+
+    assert envmod.canonical_compile_kwargs({"fullgraph": True}) == {"fullgraph": True}
+    monkeypatch.setattr(torch, "compile", compile_with_other_defaults)
+    assert envmod.canonical_compile_kwargs({"fullgraph": True}) == {}
+    assert envmod.canonical_compile_kwargs({"fullgraph": False}) == {"fullgraph": False}
+
+
+def test_the_record_says_readably_what_went_into_the_key() -> None:
+    model = _model()
+    fields = envmod.key_fields(model, compile_cache.plan_regions(model),
+                               {"mode": "default", "dynamic": True}, True)
+    record = json.loads(json.dumps(fields.record))  # JSON as entry.json keeps it
+    assert record["compile"] == {"dynamic": True}  # the canonical settings, defaults dropped
+    assert record["precompile"] is True
+    assert record["environment"]["cpu_threads"] == str(torch.get_num_threads())
+    assert record["environment_key"] == envmod.environment_digest()
+    assert record["model"]["dtypes"] == ["float32"] and record["model"]["devices"] == ["cpu"]
+    assert record["model"]["class"] == "compile_cache.demo.TinyTransformer"
+    assert record["plan"]["groups"] and "x2" in record["plan"]["groups"][0]
+    double = envmod.key_fields(_model(dtype=torch.float64), compile_cache.plan_regions(_model()), {}, True)
+    # Another dtype is another fingerprint and key, but the same model (explain matches on it).
+    assert double.record["model"]["structure"] == record["model"]["structure"]
+    assert double.record["model"]["fingerprint"] != record["model"]["fingerprint"]
+    assert double.record["model"]["dtypes"] == ["float64"]
+    other = envmod.key_fields(_model(width=16), compile_cache.plan_regions(_model(width=16)), {}, True)
+    assert other.record["model"]["structure"] != record["model"]["structure"]

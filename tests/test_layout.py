@@ -23,9 +23,9 @@ PACKAGE = REPO / "compile_cache"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_paths", "_sizes", "_warnings", "config", "_testing"),
     ("torch_compat",),
-    ("fingerprint", "_reference", "plan", "keys", "store", "locks", "artifacts", "capture",
-     "publisher", "report"),
-    ("session", "regions", "prefetch"),
+    ("fingerprint", "_reference", "plan", "keys", "explain", "store", "locks", "artifacts", "local_dirs",
+     "capture", "publisher", "report"),
+    ("session", "session_publish", "regions", "prefetch", "recovery"),
     ("warmup",),
     ("distributed",),
     ("api",),
@@ -249,7 +249,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     [
         ["ls"], ["ls", "--json"], ["stats"], ["verify"], ["prune", "--max-size", "0", "--dry-run"],
         ["prune", "--older-than", "30d", "-y"], ["export", "{out}"], ["import", "{archive}"],
-        ["clear", "-y"],
+        ["clear", "-y"], ["explain"], ["explain", "--json"],
     ],
     ids=lambda c: " ".join(c),
 )

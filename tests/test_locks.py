@@ -23,6 +23,7 @@ import compile_cache.locks as locks
 from compile_cache._paths import HOSTNAME
 from compile_cache.errors import ConfigError, LockTimeoutError
 from compile_cache.locks import (
+    LOCAL_NAMESPACE,
     FileLock,
     LockHolder,
     break_stale_lock,
@@ -96,8 +97,8 @@ def test_a_lock_held_by_another_process_excludes_until_released(tmp_path, mode: 
         started = time.monotonic()
         with FileLock(base, mode=mode, timeout=WAIT) as lock:
             assert lock.is_locked
-            assert read_holder(lock.path) == LockHolder(
-                HOSTNAME, os.getpid(), read_holder(lock.path).time
+            assert read_holder(lock.path).same_process(
+                LockHolder(HOSTNAME, os.getpid(), 0.0, LOCAL_NAMESPACE)
             )
         assert time.monotonic() - started < WAIT
     finally:
@@ -160,6 +161,8 @@ def test_a_lock_from_another_host_is_broken_only_once_too_old(tmp_path) -> None:
         FileLock(base, mode="mkdir", timeout=0.2, stale_after=60).acquire()
     assert lock_dir.exists()  # alive for all we know: not broken
     (lock_dir / "owner").write_text(f"othernode:4242:{time.time() - 120:.3f}")
+    past = time.time() - 120
+    os.utime(lock_dir / "owner", (past, past))  # no heartbeat for two minutes
     with FileLock(base, mode="mkdir", timeout=2.0, stale_after=60) as lock:
         assert read_holder(lock.path).host == HOSTNAME
 

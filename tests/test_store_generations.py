@@ -54,12 +54,12 @@ def _current(store: Store, scopes: list[str] | None = None) -> dict[str, bytes]:
 def _gen(i: int) -> dict[tuple[str, str], dict[str, bytes]]:
     """Generation ``i`` of one graph: its FX entry and kernel change, its slot does not."""
     return {("region_Block", "aot:x#0"): {f"inductor/fxgraph/k{i}/e": b"fx%d" % i,
-                                          f"inductor/c{i}.so": b"\x7fELF%d" % i}}
+                                          f"inductor/c{i}.kernel": b"kernel%d" % i}}
 
 
 def test_a_newer_unit_in_the_same_slot_supersedes_the_older(tmp_path: Path) -> None:
     store = Store(tmp_path / "s")
-    isa = {"inductor/isa/probe.so": b"isa"}
+    isa = {"inductor/isa/probe.bin": b"isa"}
     for i in range(3):
         _publish(store, _gen(i), isa)
     assert len(store.entry(KEY).packs) == 3
@@ -77,12 +77,12 @@ def test_other_slots_and_scopes_are_kept_and_scopes_filter(tmp_path: Path) -> No
 
 def test_members_are_deduplicated_by_content_not_by_name(tmp_path: Path) -> None:
     store = Store(tmp_path / "s")
-    _publish(store, {("g", "s#0"): {"inductor/c.so": b"old", "inductor/fx/1": b"1"}})
-    _publish(store, {("g", "s#0"): {"inductor/c.so": b"old", "inductor/fx/2": b"2"}})
+    _publish(store, {("g", "s#0"): {"inductor/c.bin": b"old", "inductor/fx/1": b"1"}})
+    _publish(store, {("g", "s#0"): {"inductor/c.bin": b"old", "inductor/fx/2": b"2"}})
     second = max(store.entry(KEY).packs, key=lambda p: p.created)
     assert second.member_names == ("inductor/fx/2",)  # the same bytes are not stored twice
-    _publish(store, {("g", "s#0"): {"inductor/c.so": b"new bytes", "inductor/fx/3": b"3"}})
-    assert _current(store)["inductor/c.so"] == b"new bytes"  # a new version is not ignored
+    _publish(store, {("g", "s#0"): {"inductor/c.bin": b"new bytes", "inductor/fx/3": b"3"}})
+    assert _current(store)["inductor/c.bin"] == b"new bytes"  # a new version is not ignored
 
 
 def test_packs_without_a_manifest_are_applied_whole(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_packs_without_a_manifest_are_applied_whole(tmp_path: Path) -> None:
 
 def test_compact_merges_an_entry_into_its_current_generation(tmp_path: Path) -> None:
     store = Store(tmp_path / "s")
-    isa = {"inductor/isa/probe.so": b"isa"}
+    isa = {"inductor/isa/probe.bin": b"isa"}
     for i in range(4):
         _publish(store, _gen(i), isa)
     current = _current(store)

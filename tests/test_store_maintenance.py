@@ -14,6 +14,7 @@ from _store_helpers import K1, K2, K3, MEMBERS
 from _store_helpers import packs as _packs
 
 import compile_cache._paths as paths
+from compile_cache.locks import LOCAL_NAMESPACE, LockHolder
 from compile_cache.store import Store
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -97,7 +98,8 @@ def test_verify_finds_and_fixes_orphans_stale_locks_and_corruption(store: Store)
     )
     stale = store.locks_dir / f"{K1}.lockdir"
     stale.mkdir()
-    (stale / "owner").write_text(f"{paths.HOSTNAME}:{int(dead.stdout)}:{time.time():.3f}")
+    # a fresh heartbeat, but the holder's pid is dead in our own pid namespace
+    (stale / "owner").write_bytes(LockHolder(paths.HOSTNAME, int(dead.stdout), time.time(), LOCAL_NAMESPACE).encode())
     (bad,) = _packs(store, K2)
     bad.write_bytes(bad.read_bytes()[:-1])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from _fault_helpers import STORE_ENV
-from _store_helpers import K1, K2, MEMBERS
+from _store_helpers import K1, K2, K3, MEMBERS
 
 from compile_cache.store import Store
 
@@ -70,3 +70,97 @@ def test_stats_are_safe_under_concurrent_processes(store: Store) -> None:
         assert proc.returncode == 0, err
     s = store.stats()
     assert s["hits"] == 40 and s["seconds_saved"] == 40.0 and s["errors"] == 0
+
+
+# -- the size counter (what the cap is checked against after every publish) ----------------------
+def _exact(s: Store) -> int:
+    from compile_cache.store import maintenance
+
+    return maintenance.total_size(s)
+
+
+def _tracked(s: Store) -> int:
+    from compile_cache.store import stats
+
+    size, calibrated = stats.tracked_size(Store(s.root))  # as another process reads it
+    assert calibrated
+    return size
+
+
+def test_the_size_counter_follows_publishes_evictions_quarantine_imports_and_clear(
+    store: Store, tmp_path: Path
+) -> None:
+    store.publish(K1, MEMBERS)
+    store.publish(K1, {"inductor/fxgraph/cd/more": b"m" * 300})
+    store.publish(K2, MEMBERS)
+    assert _tracked(store) == _exact(store) > 0
+    store.export(tmp_path / "all.tar")
+    store.evict(keys=[K2])
+    assert _tracked(store) == _exact(store)
+    (pack,) = sorted(store.layout.packs_dir(K1).glob("*.pack"))[:1]
+    data = bytearray(pack.read_bytes())
+    data[-1] ^= 0xFF
+    pack.write_bytes(bytes(data))  # corrupt, same size: load quarantines it
+    with pytest.warns(Warning):
+        store.load(K1)
+    assert _tracked(store) == _exact(store)
+    store.import_archive(tmp_path / "all.tar")
+    assert _tracked(store) == _exact(store)
+    store.clear()
+    assert _tracked(store) == _exact(store) == 0
+
+
+def test_a_publish_under_the_cap_never_walks_the_store(store: Store, monkeypatch) -> None:
+    """A store of many entries: publishing one more reads the counters, no other entry."""
+    from compile_cache.store.layout import Layout
+    from compile_cache.store.records import EntryInfo
+
+    for i in range(40):
+        store.publish(f"{i:02x}" * 16, {"inductor/x/y": bytes([i]) * 100})
+
+    def walked(*args, **kwargs):
+        raise AssertionError("the publish walked the store")
+
+    monkeypatch.setattr(Layout, "keys", walked)
+    monkeypatch.setattr(EntryInfo, "read", walked)
+    before = _tracked(store)
+    assert store.publish(K3, MEMBERS) is not None
+    assert _tracked(store) > before
+    monkeypatch.undo()
+    assert _tracked(store) == _exact(store)
+
+
+def test_over_the_cap_a_publish_evicts_by_the_counter(tmp_path: Path) -> None:
+    s = Store(tmp_path / "cache", max_size=5 * 1024)  # two entries fit, not three
+    s.publish(K1, MEMBERS)
+    s.publish(K2, MEMBERS)
+    s.publish(K3, MEMBERS)  # over the cap: the least recently used entry goes
+    assert not s.has(K1) and s.has(K3)
+    assert _tracked(s) == _exact(s) <= 5 * 1024
+    assert s.stats()["evictions"] >= 1
+
+
+def test_a_store_filled_before_the_counter_existed_is_counted_once(store: Store) -> None:
+    store.publish(K1, MEMBERS)
+    for shard in store.layout.stats_dir.iterdir():  # as an older version left it: no size counted
+        shard.unlink()
+    store.publish(K2, MEMBERS)
+    assert _tracked(store) == _exact(store)
+
+
+def test_verify_reports_a_drifted_counter_and_fix_corrects_it(store: Store) -> None:
+    store.publish(K1, MEMBERS)
+    store.publish(K2, MEMBERS)
+    (pack,) = sorted(store.layout.packs_dir(K2).glob("*.pack"))
+    size = pack.stat().st_size
+    pack.unlink()  # removed by hand: the counter does not know
+    report = store.verify()
+    assert report.size_drift == size and report.to_dict()["size_drift"] == size
+    assert store.verify(fix=True).size_drift == size
+    assert store.verify().size_drift == 0 and _tracked(store) == _exact(store)
+
+
+def test_zeroing_the_stats_keeps_the_size(store: Store) -> None:
+    store.publish(K1, MEMBERS)
+    store.zero_stats()
+    assert store.stats()["publishes"] == 0 and _tracked(store) == _exact(store) > 0

@@ -109,6 +109,7 @@ def test_every_capability_is_available_on_this_torch() -> None:
     assert {r.name for r in rows} == {
         "dynamo.counters", "dynamo.guard_failures", "dynamo.cache_entries", "dynamo.config",
         "dynamo.precompile", "dynamo.optimized_module", "inductor.cache_dir", "isa.probe_hook",
+        "inductor.header_dir", "inductor.load_guard",
         "isa.prefetch", "c10d.default_store", "configs.portable", "cache_use.capture",
         "cpp_header.defer",
     }
@@ -331,12 +332,13 @@ def test_prefetch_without_get_lock_dir_is_off_with_one_warning_not_a_wait(
 # ------------------------------------------------------------------------------ c10d
 
 
-def test_default_store_missing_falls_back_to_collectives(
+def test_default_store_missing_is_a_clear_error_not_a_collective(
     tmp_path: Path, missing: Callable[[Any, str], None]
 ) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
+    from compile_cache import DistributedSetupError
     from compile_cache.distributed import rendezvous
     from compile_cache.torch_compat import c10d
 
@@ -346,8 +348,9 @@ def test_default_store_missing_falls_back_to_collectives(
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             assert c10d.default_store() is None
-            assert rendezvous.wait_for("compile_cache/test", 5.0, "nobody") is True  # a barrier
-            assert rendezvous.barrier("compile_cache/test-barrier", 5.0) is True
+            with pytest.raises(DistributedSetupError, match="torchrun") as info:
+                rendezvous.Ranks.current()
+            assert "_get_default_store" in str(info.value)  # why: the capability is missing
         _check_missing(record, "c10d.default_store")
     finally:
         dist.destroy_process_group()

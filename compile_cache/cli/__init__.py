@@ -1,7 +1,7 @@
-"""The ``compile-cache`` command line (also ``python -m compile_cache``): see :mod:`.main`.
+"""The ``python -m compile_cache`` command line (also ``compile-cache``): see :mod:`.main`.
 
-``compile-cache ls|stats|verify|prune|clear|export|import`` never import torch; ``warm`` and
-``doctor`` import it when they run.
+``ls|stats|verify|prune|clear|export|import`` and ``explain`` without a TARGET never import
+torch; ``warm``, ``doctor`` and ``explain TARGET`` import it when they run.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from .. import config
 from .._sizes import format_size
 from ..errors import CompileCacheError, ConfigError
-from .output import pairs, print_json, table
+from .output import PROG, pairs, print_json, table
 
 __all__ = ["cmd_doctor"]
 
@@ -33,7 +33,11 @@ _TORCH_VARS: tuple[tuple[str, str], ...] = (
 
 def _backend_info() -> dict[str, Any]:
     fingerprint = importlib.import_module("compile_cache.fingerprint")  # the package's name is a function
-    info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
+    try:
+        info: dict[str, Any] = {"backend": fingerprint.backend, "fallbacks": fingerprint.backend_fallbacks}
+    except ConfigError as exc:  # a bad COMPILE_CACHE_BACKEND: listed with the variables
+        return {"backend": f"not chosen ({exc})", "fallbacks": 0, "extension": None,
+                "built_against_torch": None}
     impl = getattr(fingerprint, "_implementation", None)
     path = getattr(impl, "__file__", None) if fingerprint.backend == "native" else None
     if path is None:
@@ -57,7 +61,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..distributed.hazards import cross_rank_hazards
     from ..keys import environment, environment_digest
     from ..locks import filesystem_type, lock_mode_for
-    from ..store import Store
+    from ..store import Store, misses
     from ..store.safety import describe_dir, resolve_location
 
     root, source = resolve_location(args.cache_dir)
@@ -92,7 +96,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             store_state = {
                 "read_only": store.read_only, "read_only_reason": store.read_only_reason,
                 "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
-                "signed": store.signing_key is not None,
+                "recent_misses": [
+                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
+                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
+                ],
+                "signed": store.signing_key is not None, "signer": store.signer,
+                "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
+                "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
             }
         except CompileCacheError as exc:
             problems.append(f"store unusable: {exc}")
@@ -103,7 +113,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if not os.access(parent, os.W_OK | os.X_OK):
             problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
 
+    from ..local_dirs import check_local_dirs
     from ..torch_compat import capabilities
+
+    try:
+        trust_local = bool(config.TRUST_LOCAL_DIRS.value())
+    except ConfigError:  # listed with the other bad variables below
+        trust_local = False
+    local = [{"label": d.label, "path": str(d.path), "safe": d.problem is None, "problem": d.problem}
+             for d in check_local_dirs()]
+    for d in local:
+        if d["problem"] and not trust_local:
+            problems.append(f"local {d['label']} dir: {d['problem']} (compile_cache uses a private "
+                            "directory instead; COMPILE_CACHE_TRUST_LOCAL_DIRS=1 to use it anyway)")
 
     caps = [{"name": c.name, "available": c.available, "detail": c.detail} for c in capabilities()]
     env = environment()
@@ -128,6 +150,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "environment": {"key": environment_digest(env), "fields": env, "hazards": hazards},
         "fingerprint": backend,
         "torch": {"version": torch.__version__, "git": getattr(torch.version, "git_version", None)},
+        "local_dirs": local,
         "variables": variables,
         "capabilities": caps,
         "problems": problems,
@@ -152,9 +175,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("read-only", f"yes: {store_state['read_only_reason']}" if ro else "no"))
         cap = format_size(store_state["max_size"]) if store_state["max_size"] else "unlimited"
         rows.append(("size", f"{format_size(store_state['size'])} of {cap}, {store_state['entries']} entries"))
-        rows.append(("signing", "packs signed and checked (COMPILE_CACHE_SIGNING_KEY set)"
-                     if store_state["signed"] else "off (checksums only)"))
+        signing = (f"packs signed and checked (COMPILE_CACHE_SIGNING_KEY set, signer id "
+                   f"{store_state['signer']})" if store_state["signed"] else "off (checksums only)")
+        if store_state["signature_mismatch"]:
+            signing += (f"; {store_state['signature_mismatch']} loads skipped a pack signed with another "
+                        "key or unsigned (a miss for that reader only, the pack is left in place)")
+        rows.append(("signing", signing))
+        rows.append(("refused", f"{store_state['untrusted']} untrusted dirs/packs, "
+                     f"{store_state['load_failures']} packs torch could not load, "
+                     f"{store_state['lock_fallbacks']} lock fallbacks"))
     print(pairs(rows, "  "))
+    if store_state.get("recent_misses"):
+        print(f"\nRecent misses (`{PROG} explain` compares them with the store's entries now)")
+        for miss in store_state["recent_misses"]:
+            print(f"  - {miss['reason']}")
+    print("\nLocal cache dirs (torch loads and runs what they hold: they must be yours alone)")
+    print(pairs([(d["label"], f"{d['path']}: " + ("ok" if d["safe"] else
+                  ("UNSAFE, trusted by COMPILE_CACHE_TRUST_LOCAL_DIRS" if trust_local else "UNSAFE, replaced by a "
+                   "private directory when compiling") + f" ({d['problem']})")) for d in local], "  "))
     print("\nEnvironment key (packs are restored only where it is equal)")
     device = env.get("device_name") or "cpu only (no CUDA)"
     print(pairs([

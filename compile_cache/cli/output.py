@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,7 +19,16 @@ from ..errors import CompileCacheError
 
 __all__ = ["PROG", "UsageError", "ago", "confirm", "is_tty", "pairs", "print_json", "table"]
 
-PROG = "compile-cache"
+def _prog(argv0: str) -> str:
+    """The program as the user typed it: ``compile-cache`` (the console script) or, for
+    ``python -m compile_cache`` and anything else, ``python -m compile_cache``."""
+    name = os.path.basename(argv0 or "")
+    if name in ("compile-cache", "compile-cache.exe"):
+        return "compile-cache"
+    return "python -m compile_cache"
+
+
+PROG = _prog(sys.argv[0] if sys.argv else "")
 
 
 class UsageError(CompileCacheError):

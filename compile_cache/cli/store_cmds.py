@@ -17,13 +17,16 @@ from typing import Any
 from .._sizes import format_size, parse_age, parse_size
 from .output import PROG, UsageError, ago, confirm, pairs, print_json, table
 
-__all__ = ["cmd_clear", "cmd_export", "cmd_import", "cmd_ls", "cmd_prune", "cmd_stats", "cmd_verify"]
+__all__ = [
+    "cmd_clear", "cmd_export", "cmd_import", "cmd_ls", "cmd_prune", "cmd_stats", "cmd_verify",
+    "open_store",
+]
 
 
 # ---------------------------------------------------------------------------------------------
 # Store helpers
 # ---------------------------------------------------------------------------------------------
-def _open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
+def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store of ``--cache-dir`` (or the environment/default); a file there is a usage error."""
     from ..store import Store
 
@@ -56,9 +59,34 @@ def _short_class(name: object) -> str:
     return text.rsplit(".", 1)[-1]
 
 
-def _entry_row(entry: Any, now: float) -> list[str]:
+def _differing_settings(entries: Sequence[Any]) -> dict[str, str]:
+    """For entries of one model (same structure), the settings that tell them apart:
+    key -> ``threads=2, mode='max-autotune'``; entries alone with their model get nothing."""
+    from ..explain import compare, short_value
+
+    groups: dict[str, list[Any]] = {}
+    for e in entries:
+        structure = ((e.metadata or {}).get("model") or {}).get("structure")
+        if isinstance(structure, str):
+            groups.setdefault(structure, []).append(e)
+    out: dict[str, str] = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        fields: list[str] = []
+        first = members[0].metadata
+        for other in members[1:]:
+            for d in compare(first, other.metadata):
+                if d.field not in fields:
+                    fields.append(d.field)
+        for e in members:
+            out[e.key] = ", ".join(short_value(e.metadata, f) for f in fields) or "-"
+    return out
+
+
+def _entry_row(entry: Any, now: float, settings: dict[str, str] | None = None) -> list[str]:
     meta = entry.metadata or {}
-    return [
+    row = [
         entry.key[:12],
         _short_class(meta.get("model_class")),
         str(meta.get("regions") or "-"),
@@ -69,15 +97,23 @@ def _entry_row(entry: Any, now: float) -> list[str]:
         str(meta.get("torch") or "-"),
         str(meta.get("device") or "-"),
     ]
+    if settings is not None:
+        row.append(settings.get(entry.key, "-"))
+    return row
 
 
 _ENTRY_HEADERS = ("KEY", "MODEL", "REGIONS", "PACKS", "SIZE", "CREATED", "LAST USED", "TORCH", "DEVICE")
+#: ls's last column when entries of one model differ: what tells them apart
+_SETTINGS_HEADER = "DIFFERS (same model)"
 
 
-def _entry_json(entry: Any) -> dict[str, Any]:
+def _entry_json(entry: Any, settings: dict[str, str]) -> dict[str, Any]:
     data = entry.to_dict()
     meta = entry.metadata or {}
     data.update(
+        differs=settings.get(entry.key),
+        compile=meta.get("compile"),
+        precompile=meta.get("precompile"),
         short_key=entry.key[:12],
         model_class=meta.get("model_class"),
         regions=meta.get("regions"),
@@ -93,7 +129,7 @@ def _entry_json(entry: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
     """One row per cache entry."""
-    store = _open_store(args)
+    store = open_store(args)
     entries = store.entries()
     sort_keys: dict[str, Callable[[Any], Any]] = {
         "size": lambda e: -e.size,
@@ -105,8 +141,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if args.limit < 0:
             raise UsageError(f"--limit {args.limit}: must be 0 or more")
         entries = entries[: args.limit]
+    settings = _differing_settings(entries)
     if args.json:
-        print_json({"store": str(store.root), "entries": [_entry_json(e) for e in entries]})
+        print_json({"store": str(store.root), "entries": [_entry_json(e, settings) for e in entries]})
         return 0
     if args.quiet:
         for e in entries:
@@ -116,7 +153,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"No cache entries in {store.root}")
         return 0
     now = time.time()
-    print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
+    headers = (*_ENTRY_HEADERS, _SETTINGS_HEADER) if settings else _ENTRY_HEADERS
+    rows = [_entry_row(e, now, settings if settings else None) for e in entries]
+    print(table(headers, rows, right={3, 4}))
     total = sum(e.size for e in entries)
     packs = sum(len(e.packs) for e in entries)
     print(f"\n{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {packs} pack(s), "
@@ -129,7 +168,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 def cmd_stats(args: argparse.Namespace) -> int:
     """Hit/miss counters summed over every process that used the store."""
-    store = _open_store(args)
+    store = open_store(args)
     if args.zero:
         store.zero_stats()
         if args.json:
@@ -152,14 +191,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
     rows = [
         ("Cache directory", f"{s['location']} ({s['location_source']})"),
         ("Entries", f"{s['entries']} ({s['packs']} packs)"),
-        ("Hits", s["hits"]),
-        ("Misses", s["misses"]),
-        ("Hit rate", rate),
+        ("Hits", f"{s['hits']}  (restored from the store, compiled nothing new)"),
+        ("Partial hits", f"{s['partial_hits']}  (restored, then compiled new graphs: new shapes, backward)"),
+        ("Misses", f"{s['misses']}  (nothing restored from the store, compiled)"),
+        ("Hit rate", f"{rate}  (hits / hits + partial hits + misses)"),
+        ("Local-cache hits", f"{s['local_hits']}  (nothing from the store: torch's own local cache had it)"),
         ("Errors", errors),
         ("Fallbacks", f"{s['capture_fallbacks']} directory-diff capture(s), "
                       f"{s['backend_fallbacks']} Python fingerprint(s)"),
         ("Corrupt packs", f"{s['corrupt']} ({s['quarantined']} in quarantine)"),
         ("Incompatible packs", s["incompatible"]),
+        ("Failed to load", f"{s['load_failures']} restored packs torch could not load (quarantined)"),
+        ("Other signer", f"{s['signature_mismatch']} packs signed with another key (left for them)"),
+        ("Untrusted", f"{s['untrusted']} directories/packs another user owns or can write"),
+        ("Lock fallbacks", f"{s['lock_fallbacks']} compiles without the lock"),
         ("Published", f"{s['publishes']} packs, {format_size(s['bytes_published'])}"),
         ("Restored", format_size(s["bytes_restored"])),
         ("Compile time spent", f"{s['compile_seconds']:.1f} s"),
@@ -183,14 +228,18 @@ def _problems(report: Any) -> list[tuple[str, str]]:
     out += [("unreadable entry.json", str(p)) for p in report.bad_entries]
     out += [("unreadable stats file", str(p)) for p in report.bad_stats]
     out += [("empty entry", str(p)) for p in report.empty_entries]
+    out += [("untrusted", f"{p}: {why}") for p, why in report.untrusted]
     return out
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every pack's header and checksum, temp files and locks; ``--fix`` removes the broken."""
-    store = _open_store(args)
-    report = store.verify(fix=args.fix)
-    remaining = store.verify() if args.fix else report
+    """Check every pack as a restoring job does (limits, checksum, signature, every member: a
+    shared library must be complete), temp files and locks; ``--fix`` removes the broken."""
+    from ..store.members import PACK_LABELS
+
+    store = open_store(args)
+    report = store.verify(fix=args.fix, labels=PACK_LABELS)
+    remaining = store.verify(labels=PACK_LABELS) if args.fix else report
     if args.json:
         data = report.to_dict()
         data["remaining"] = remaining.to_dict()
@@ -203,6 +252,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(table(("PROBLEM", "WHERE"), found))
     for path in report.incompatible_packs:
         print(f"note: pack of another format version left in place: {path}")
+    for path in report.other_signer_packs:
+        print(f"note: pack signed with another key (or unsigned) left for its readers: {path}")
     if report.compactable:
         print(("" if args.fix else "note: ") + _compacted_line(report.compactable, not args.fix)
               + ("" if args.fix else f" (`{PROG} verify --fix` or `{PROG} prune` does it)"))
@@ -260,7 +311,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     """Evict entries by size cap (LRU), age, or key; compact the rest (superseded packs go)."""
     max_size = parse_size(args.max_size, name="--max-size") if args.max_size is not None else None
     older = parse_age(args.older_than, name="--older-than") if args.older_than is not None else None
-    store = _open_store(args)
+    store = open_store(args)
     keys = _resolve_keys(store, args.key) if args.key else None
     criteria = {"max_size": max_size, "older_than": older, "keys": keys}
     if args.dry_run:
@@ -283,7 +334,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """Remove every entry (counters are kept)."""
-    store = _open_store(args)
+    store = open_store(args)
     entries = store.entries()
     if args.dry_run:
         _print_removal(entries, "clear", store, args.json, True)
@@ -301,7 +352,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
     """Write entries into one archive (for air-gapped clusters)."""
-    store = _open_store(args)
+    store = open_store(args)
     keys = _resolve_keys(store, args.key) if args.key else None
     target = Path(args.file)
     if target.is_dir():
@@ -324,7 +375,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     source = Path(args.file)
     if not source.is_file():
         raise UsageError(f"{args.file}: no such archive file")
-    store = _open_store(args)
+    store = open_store(args)
     report = store.import_archive(source)
     if args.json:
         print_json({"file": str(source), "store": str(store.root), "keys": report.keys,

@@ -6,6 +6,19 @@ of DDP/FSDP models run collectives, and a rank waiting there for another rank's 
 deadlock the job. All coordination happens in :func:`warm_up`, before the first training or
 inference step, with example inputs the job provides.
 
+How ranks stay in step (issue #14): every rank's warm-up joins a *round* in the job's c10d store
+(no collective): the round is complete when every rank has arrived, or abandoned, for every rank
+at once, when one of them waited ``COMPILE_CACHE_WAIT_TIMEOUT`` (a rank that calls
+``compile_regions`` once more than the others warms up alone after that wait; the ranks' next
+calls meet again). All keys, barriers and decisions of a warm-up are named after its round and
+the round's nonce. A decision several ranks act on (send a key's packs or not; the round itself)
+is one ``compare_set`` in the store: the first proposal wins and every rank acts on what it reads
+back, so no rank ever enters a collective another rank skipped. Every wait is bounded and says
+what it waits for. A rank whose warm-up raises (its forward failed) still signals the ranks that
+wait for it, marks itself gone and arrives at the barrier, then the error reaches its caller.
+Without a c10d store the warm-up raises :class:`~compile_cache.errors.DistributedSetupError`
+(``dist.barrier()`` instead would pair with the job's own collectives).
+
 Modes (``compile_regions(..., distributed=...)``, ``warm_up(..., mode=...)``, or the environment
 variable ``COMPILE_CACHE_DISTRIBUTED``; the argument wins; default ``shared``):
 
@@ -16,26 +29,37 @@ variable ``COMPILE_CACHE_DISTRIBUTED``; the argument wins; default ``shared``):
     key takes the store's lock for the key, runs the warm-up (compiles) and publishes; the other
     ranks wait outside any forward (polling the job's c10d store, with ``COMPILE_CACHE_WAIT_TIMEOUT``,
     not a collective, so no NCCL watchdog fires), then restore and run their own warm-up forward,
-    which hits the FX-graph cache. Without example inputs nothing blocks: ranks compile lazily
+    which hits the FX-graph cache. The leader names the packs it published; a follower that does
+    not see them yet (NFS attribute caching) lists the store again with a short backoff, about
+    5 s in all, before it compiles itself. Without example inputs nothing blocks: ranks compile lazily
     at their first forward, the first to finish publishes, and the others publish only artifacts
     the key does not hold yet (see "Duplicates" below).
 
 ``broadcast``
-    No shared filesystem: every rank (or node) has its own store. The compiling rank sends the
-    key's packs over the default process group (``broadcast_object_list``); each receiver
-    publishes them into its own store (content-addressed: the same pack name) and restores them
-    into its local Inductor dir. ``COMPILE_CACHE_BROADCAST_SCOPE=node`` sends to one rank per host
-    (the lowest, over a subgroup of those ranks); the other ranks of a host restore from the
-    host's store, which they must share (a node-local ``COMPILE_CACHE_DIR``). Broadcasting needs
-    example inputs; without them each rank compiles and publishes into its own store.
+    No shared filesystem: every rank (or node) has its own store. The rank with the key's packs
+    (or, if none has them, the lowest rank with the key, which compiles) sends them with
+    ``broadcast_object_list`` over a group of exactly the ranks that send and receive, once they
+    all agreed to; each receiver publishes them into its own store (content-addressed: the same
+    pack name) and restores them into its local Inductor dir. All sources compile first, side by
+    side, then the keys are sent one by one. ``COMPILE_CACHE_BROADCAST_SCOPE=node`` (rank 0's
+    value counts) sends to one rank per host, its lowest, which publishes the packs into the
+    host's store for every key some rank of its host needs, whether or not it has the key, and
+    always tells them (``ok`` or ``skip``); the other ranks of a host restore from the host's
+    store, which they must share (a node-local ``COMPILE_CACHE_DIR``). Broadcasting needs example
+    inputs; without them each rank compiles and publishes into its own store.
 
 ``off``
-    No coordination: every rank warms up by itself (the final barrier still applies).
+    No coordination: every rank warms up by itself (the final barrier still applies, on the
+    round's name; ``warm_up(..., mode="off", barrier=False)`` needs no c10d store at all).
 
-The store's lock (``store.lock(key)``) keeps two *jobs* sharing a store from compiling the same key
-at once; correctness never depends on it: on :class:`~compile_cache.LockTimeoutError`
-(``COMPILE_CACHE_LOCK_TIMEOUT``, 300 s) the leader compiles anyway. A leader that dies is noticed by
-the waiters' timeout (or by the c10d store failing); they then compile themselves.
+The store's lock (``store.lock(key)``) keeps two *jobs* sharing a store (or two processes outside
+a distributed job) from compiling the same key at once; correctness never depends on it. While
+the holder compiles, a heartbeat refreshes the lock every ``COMPILE_CACHE_LOCK_STALE / 10``
+seconds, so a waiter keeps waiting past ``COMPILE_CACHE_LOCK_TIMEOUT`` (300 s) while the holder
+is alive (up to ``COMPILE_CACHE_WAIT_TIMEOUT``), then restores what it published; a lock whose
+heartbeat is older than ``COMPILE_CACHE_LOCK_STALE`` (120 s) is broken, and past the wait the
+waiter compiles anyway. A leader that dies is noticed by the waiters' timeout (or by the c10d
+store failing); they then compile themselves.
 
 Warm-up compiles what the job will run: under ``torch.no_grad()`` for a model in eval mode, forward
 and backward for a model in training mode (or ``train=True``). Training flags, gradients (params
@@ -71,9 +95,10 @@ Recipes::
     export COMPILE_CACHE_DISTRIBUTED=broadcast COMPILE_CACHE_BROADCAST_SCOPE=node
     export COMPILE_CACHE_DIR=/local/scratch/compile_cache
 
-Modules: :mod:`.report` (modes, WarmUpReport), :mod:`.rendezvous` (the c10d store: wait, signal,
-barrier, gather), :mod:`.hazards` (settings that split keys across ranks), :mod:`.protocol`
-(the warm-up itself).
+Modules: :mod:`.report` (modes, WarmUpReport), :mod:`.rendezvous` (the c10d store: rounds,
+waits, signals, decisions, barriers, groups), :mod:`.hazards` (settings that split keys across
+ranks), :mod:`.protocol` (the warm-up itself), :mod:`.steps` (what one rank does: its warm-up
+forward, a compile under the lock), :mod:`.shared` and :mod:`.broadcast` (the two modes).
 """
 
 from __future__ import annotations
@@ -97,8 +122,9 @@ __all__ = [
 
 
 def _reset() -> None:
-    """Forget the last warm-up and the one-time hazard warning and note (tests)."""
-    from . import hazards, report
+    """Forget the last warm-up, the one-time hazard warning and note, and the subgroups (tests)."""
+    from . import hazards, rendezvous, report
 
     report._reset()
     hazards._reset()
+    rendezvous._reset()

@@ -90,7 +90,7 @@ def note_lazy(model: nn.Module, mode: str | None = None) -> None:
     import torch.distributed as dist
 
     mode = resolve_mode(mode)
-    store = rendezvous.store()
+    store = rendezvous.optional_store()
     rank, world = dist.get_rank(), dist.get_world_size()
     if not _lazy_note_logged:
         _lazy_note_logged = True

@@ -36,9 +36,11 @@ def coordinates(mode: str | None = None) -> bool:
 class WarmUpReport:
     """What :func:`warm_up` did on this rank.
 
-    ``role``: ``single`` (no distributed job), ``alone`` (mode ``off``), ``all`` (every rank warmed
-    up at once: the store already had it, or FSDP2), ``leader`` (compiled for the others),
-    ``follower`` (waited, restored, then warmed up), ``source``/``receiver`` (broadcast).
+    ``role``: ``single`` (no distributed job), ``alone`` (mode ``off``, or not every rank came to
+    this warm-up within the wait timeout: see ``notes``), ``all`` (every rank warmed up at once:
+    the store already had it, or FSDP2), ``leader`` (compiled for the others), ``follower``
+    (waited, restored, then warmed up), ``source``/``receiver`` (broadcast). ``notes`` name every
+    wait that ran out, every lock waited for past its timeout, and every broadcast not sent.
     ``fxgraph_misses`` counts graphs this rank's warm-up compiled; zero on a follower means it
     compiled nothing.
     """

@@ -15,11 +15,16 @@ logging, the threading guard):
            can be emulated or local to one client (Lustre ``localflock``), so it is never chosen
            automatically.
 ``mkdir``  (:mod:`.mkdir_lock`) ``mkdir <base>.lockdir`` is atomic on every filesystem,
-           including NFS and Lustre. The holder writes ``host:pid:time`` into
-           ``<base>.lockdir/owner``; waiters break the lock when the holder's pid is dead on this
-           host, or when it is older than ``stale_after`` seconds (:mod:`.scan`, also used by
-           ``verify``).
+           including NFS and Lustre. The holder writes ``host:pid:time:namespace`` into
+           ``<base>.lockdir/owner``; waiters break the lock when its heartbeat is older than
+           ``stale_after`` seconds, or when the holder's pid is dead in this pid namespace
+           (:mod:`.scan`, also used by ``verify``).
 ``none``   no locking at all.
+
+Heartbeat: while a lock is held, one thread per process rewrites its holder record every
+``max(1, stale_after / 10)`` seconds, so a compile that runs for an hour keeps a fresh lock and a
+crashed holder's lock goes stale within ``stale_after``. A waiter given ``wait_alive`` keeps
+waiting past its timeout while the holder's heartbeat is fresh (:class:`BaseLock`).
 
 The mode comes from ``COMPILE_CACHE_LOCK`` or the filesystem (:func:`lock_mode_for`, in
 :mod:`.modes`). Waiting logs ``still waiting for <host:pid>`` every ``wait_log_interval``
@@ -35,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError, LockTimeoutError
-from .base import DEFAULT_STALE_AFTER, BaseLock, LockHolder, NoLock, read_holder
+from .base import DEFAULT_STALE_AFTER, LOCAL_NAMESPACE, BaseLock, LockHolder, NoLock, read_holder
 from .fcntl_lock import FcntlLock, FlockLock
 from .mkdir_lock import MkdirLock
 from .modes import LOCK_MODES, NETWORK_FILESYSTEMS, filesystem_type, lock_mode_for
@@ -44,6 +49,7 @@ from .scan import break_stale_lock, is_stale
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "LOCAL_NAMESPACE",
     "LOCK_MODES",
     "NETWORK_FILESYSTEMS",
     "BaseLock",
@@ -78,11 +84,13 @@ def make_lock(
     wait_log_interval: float = 10.0,
     dir_mode: int = 0o700,
     file_mode: int = 0o600,
+    wait_alive: float | None = None,
 ) -> BaseLock:
     """The lock on ``base`` (a path without suffix) with the strategy for ``mode``.
 
     ``mode=None`` picks :func:`lock_mode_for` of ``base``'s directory; an unknown mode raises
-    :class:`ConfigError`. ``timeout=None`` waits forever; ``0`` tries once.
+    :class:`ConfigError`. ``timeout=None`` waits forever; ``0`` tries once. ``wait_alive``: go on
+    waiting past ``timeout`` while the holder's heartbeat is fresh, up to that many seconds in all.
     """
     if mode is None:
         mode, reason = lock_mode_for(Path(base).parent)
@@ -93,7 +101,7 @@ def make_lock(
     return _STRATEGIES[mode](
         base, timeout=timeout, stale_after=stale_after, poll_interval=poll_interval,
         wait_log_interval=wait_log_interval, dir_mode=dir_mode, file_mode=file_mode,
-        reason=reason,
+        reason=reason, wait_alive=wait_alive,
     )
 
 

@@ -1,12 +1,20 @@
-"""What every lock strategy shares: the timeout loop, the holder record, logging, and a
-per-path threading guard.
+"""What every lock strategy shares: the timeout loop, the holder record and its heartbeat,
+logging, and a per-path threading guard.
 
-A strategy (``fcntl_lock``, ``mkdir_lock``, :class:`NoLock`) implements two steps: take the
-lock on disk once without waiting (:meth:`BaseLock._try_once`) and release it
-(:meth:`BaseLock._release_on_disk`). :class:`BaseLock` does the rest: wait up to the timeout,
-log who holds it every ``wait_log_interval`` seconds, raise :class:`LockTimeoutError` naming the
-holder, and keep two threads of one process apart (fcntl locks belong to the process, not the
-thread).
+A strategy (``fcntl_lock``, ``mkdir_lock``, :class:`NoLock`) implements three steps: take the
+lock on disk once without waiting (:meth:`BaseLock._try_once`), refresh the holder record while
+held (:meth:`BaseLock._refresh`) and release it (:meth:`BaseLock._release_on_disk`).
+:class:`BaseLock` does the rest: wait up to the timeout (and, with ``wait_alive``, past it while
+the holder's heartbeat is fresh), log who holds it every ``wait_log_interval`` seconds, raise
+:class:`LockTimeoutError` naming the holder, and keep two threads of one process apart (fcntl
+locks belong to the process, not the thread).
+
+The holder record is ``host:pid:time:namespace``. ``time`` is the holder's last heartbeat: one
+thread per process rewrites the record of every lock it holds every ``max(1, stale_after / 10)``
+seconds, however long the compile under it runs. A lock is stale when its heartbeat is older than
+``stale_after``; ``host`` and ``pid`` only speed up the local case, and only when the
+``namespace`` (boot id and pid namespace) is this process's own: containers that share a
+hostname, or a pid number, never break each other's live lock.
 """
 
 from __future__ import annotations
@@ -15,15 +23,18 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from .. import config
 from .._paths import HOSTNAME
 from ..errors import LockTimeoutError
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "LOCAL_NAMESPACE",
     "LOCKDIR_SUFFIX",
     "LOCK_SUFFIX",
     "OWNER_FILE",
@@ -35,8 +46,9 @@ __all__ = [
 
 logger = logging.getLogger("compile_cache")
 
-#: A ``mkdir`` lock whose holder took it this long ago is broken by waiters.
-DEFAULT_STALE_AFTER = 1800.0
+#: A lock whose holder's heartbeat is this old is stale: ``mkdir`` waiters break it
+#: (``COMPILE_CACHE_LOCK_STALE`` sets it for the store's locks).
+DEFAULT_STALE_AFTER: float = config.LOCK_STALE.default
 LOCK_SUFFIX = ".lock"
 LOCKDIR_SUFFIX = ".lockdir"
 OWNER_FILE = "owner"
@@ -52,37 +64,75 @@ def _local_lock(key: str) -> threading.Lock:
         return _local_locks.setdefault(key, threading.Lock())
 
 
+def _local_namespace() -> str:
+    """This process's pid namespace on this boot (``<boot id>.<pid ns inode>``), or ``""``."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip().replace("-", "")[:12]
+        pid_ns = os.stat("/proc/self/ns/pid").st_ino
+    except (OSError, ValueError):
+        return ""
+    return f"{boot}.{pid_ns}" if boot else ""
+
+
+#: Where this process's pids live (boot id and pid namespace); ``""`` where unknowable.
+LOCAL_NAMESPACE = _local_namespace()
+
+
 @dataclass(frozen=True)
 class LockHolder:
-    """Who holds a lock, as written into it: ``host:pid:time``."""
+    """Who holds a lock, as written into it: ``host:pid:time:namespace``.
+
+    ``time`` is the holder's last heartbeat (when it took the lock, or refreshed it since).
+    ``namespace`` says where ``pid`` means something (see :data:`LOCAL_NAMESPACE`); records of
+    older writers (``host:pid:time``) have none.
+    """
 
     host: str
     pid: int
     time: float
+    namespace: str = ""
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}"
 
     @property
     def age(self) -> float:
-        """Seconds since the holder took the lock."""
+        """Seconds since the holder's last heartbeat."""
         return max(0.0, time.time() - self.time)
 
     def is_alive(self) -> bool | None:
-        """Whether the holder process still runs: ``None`` when it is on another host (unknowable)."""
-        if self.host != HOSTNAME:
+        """Whether the holder process still runs; ``None`` when that cannot be known here.
+
+        Known only for a holder on this host *and* in this pid namespace on this boot: another
+        container with the same hostname has its own pids, so its pid says nothing here.
+        """
+        if self.host != HOSTNAME or not self.namespace or self.namespace != LOCAL_NAMESPACE:
             return None
         return _pid_alive(self.pid)
 
+    def same_process(self, other: LockHolder | None) -> bool:
+        """Whether ``other`` names the same process (host, pid, namespace; any heartbeat)."""
+        return other is not None and (self.host, self.pid, self.namespace) == (
+            other.host, other.pid, other.namespace
+        )
+
+    def beat(self) -> LockHolder:
+        """The same holder with a heartbeat now."""
+        return LockHolder(self.host, self.pid, time.time(), self.namespace)
+
     def encode(self) -> bytes:
-        return f"{self.host}:{self.pid}:{self.time:.3f}\n".encode()
+        tail = f":{self.namespace}" if self.namespace else ""
+        return f"{self.host}:{self.pid}:{self.time:.3f}{tail}\n".encode()
 
     @classmethod
     def parse(cls, text: str) -> LockHolder | None:
-        """Parse ``host:pid:time``; ``None`` for anything else (empty, partial, garbage)."""
+        """Parse ``host:pid:time[:namespace]``; ``None`` for anything else (empty, partial, garbage)."""
+        parts = text.strip().split(":")
+        if len(parts) not in (3, 4) or not parts[0]:
+            return None
         try:
-            host, pid, stamp = text.strip().rsplit(":", 2)
-            return cls(host, int(pid), float(stamp)) if host else None
+            return cls(parts[0], int(parts[1]), float(parts[2]), parts[3] if len(parts) == 4 else "")
         except ValueError:
             return None
 
@@ -116,14 +166,79 @@ def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
         return None
 
 
+class _Heartbeat:
+    """One daemon thread per process that refreshes the record of every lock the process holds.
+
+    A lock is refreshed every :attr:`BaseLock.heartbeat_interval` seconds while held; the thread
+    sleeps until the next refresh is due, or, holding nothing, until a lock is taken.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: weakref.WeakKeyDictionary[BaseLock, float] = weakref.WeakKeyDictionary()
+        self._thread: threading.Thread | None = None
+
+    def add(self, lock: BaseLock) -> None:
+        with self._cond:
+            self._due[lock] = time.monotonic() + lock.heartbeat_interval
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="compile_cache-lock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lock: BaseLock) -> None:
+        with self._cond:
+            self._due.pop(lock, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [lock for lock, at in self._due.items() if at <= now]
+                if not due:
+                    wait = min(self._due.values(), default=None)
+                    self._cond.wait(None if wait is None else max(0.05, wait - now))
+                    continue
+                for lock in due:
+                    self._due[lock] = now + lock.heartbeat_interval
+            for lock in due:
+                try:
+                    kept = lock._beat()
+                except OSError as exc:  # a slow or flaky filesystem: try again next time
+                    logger.debug("could not refresh lock %s: %s", lock.path, exc)
+                    continue
+                if not kept:
+                    logger.warning(
+                        "lock %s was broken while held here (its heartbeat was late?); "
+                        "no longer refreshing it", lock.path,
+                    )
+                    self.remove(lock)
+
+
+_heartbeat = _Heartbeat()
+
+
+def _after_fork_in_child() -> None:  # the parent's thread and locks do not live in the child
+    global _heartbeat
+    _heartbeat = _Heartbeat()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class BaseLock:
     """An inter-process lock on ``base`` (a path without suffix, e.g. ``v1/locks/<key>``).
 
     Use as a context manager (``with make_lock(p, timeout=30): ...``) or with
     :meth:`acquire` / :meth:`release`. Not re-entrant. ``timeout=None`` waits forever; ``0``
-    tries once. On timeout :class:`LockTimeoutError` is raised naming the holder. ``reason``
-    says why this mode was chosen (for ``doctor``).
+    tries once. On timeout :class:`LockTimeoutError` is raised naming the holder, unless
+    ``wait_alive`` is set: then the wait goes on past the timeout while the holder's heartbeat
+    is fresh, until ``wait_alive`` seconds after the wait began (a compile that runs long is not
+    taken for a dead one). While held, the lock's record is refreshed every
+    :attr:`heartbeat_interval` seconds. ``reason`` says why this mode was chosen (for ``doctor``).
     """
 
     #: The mode name (``COMPILE_CACHE_LOCK`` value) of the strategy.
@@ -142,6 +257,7 @@ class BaseLock:
         dir_mode: int = 0o700,
         file_mode: int = 0o600,
         reason: str = "requested",
+        wait_alive: float | None = None,
     ) -> None:
         self.base = Path(base)
         self.reason: str = reason
@@ -151,8 +267,14 @@ class BaseLock:
         self.wait_log_interval = wait_log_interval
         self.dir_mode = dir_mode
         self.file_mode = file_mode
+        self.wait_alive = wait_alive
+        #: Seconds the last :meth:`acquire` waited; and whether it went on past its timeout
+        #: because the holder's heartbeat was fresh.
+        self.waited = 0.0
+        self.waited_past_timeout = False
         self._local: threading.Lock | None = None
         self._held = False
+        self._io = threading.Lock()  # the heartbeat thread and release never touch disk at once
 
     # -- what a strategy implements ------------------------------------------------------------
     def _try_once(self) -> bool:
@@ -162,6 +284,10 @@ class BaseLock:
     def _release_on_disk(self) -> None:
         """Give the lock on disk back (called only while held)."""
         raise NotImplementedError
+
+    def _refresh(self) -> bool:
+        """Rewrite the holder record with a heartbeat now; False if the lock is no longer ours."""
+        return True
 
     # -- shared ----------------------------------------------------------------------------------
     @property
@@ -178,6 +304,24 @@ class BaseLock:
         """Who holds the lock on disk now (possibly this process), if recorded."""
         return read_holder(self.path)
 
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between two refreshes of the holder record: a tenth of the stale age, >= 1 s."""
+        return max(1.0, self.stale_after / 10.0)
+
+    def holder_is_fresh(self) -> bool:
+        """Whether the lock's holder shows signs of life: a heartbeat younger than the stale age,
+        and (when knowable here) a running process."""
+        holder = self.holder()
+        return holder is not None and holder.is_alive() is not False and holder.age <= self.stale_after
+
+    def _beat(self) -> bool:
+        """One heartbeat (the heartbeat thread); False when the lock is no longer ours."""
+        with self._io:
+            if not self._held:
+                return True
+            return self._refresh()
+
     def acquire(self, timeout: float | None = ...) -> BaseLock:  # type: ignore[assignment]
         """Take the lock, waiting up to ``timeout`` seconds (default: the constructor's)."""
         if self._held:
@@ -191,13 +335,19 @@ class BaseLock:
             raise LockTimeoutError(
                 f"could not take lock {self.path} within {timeout}s: held by another thread of this process"
             )
+        started = time.monotonic()
+        self.waited_past_timeout = False
         try:
             self._wait_on_disk(deadline, timeout)
         except BaseException:
             local.release()
             raise
+        finally:
+            self.waited = time.monotonic() - started
         self._local = local
         self._held = True
+        if self.mode != "none":
+            _heartbeat.add(self)
         return self
 
     def _wait_on_disk(self, deadline: float | None, timeout: float | None) -> None:
@@ -208,10 +358,26 @@ class BaseLock:
                 return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise LockTimeoutError(
-                    f"could not take lock {self.path} ({self.mode}) within {timeout}s; "
-                    f"held by {self.holder() or 'an unknown process'}"
-                )
+                if self.wait_alive is not None and now - started < self.wait_alive and self.holder_is_fresh():
+                    if not self.waited_past_timeout:
+                        logger.info(
+                            "lock %s: %s still holds it past the %ss timeout and its heartbeat is "
+                            "fresh; waiting for it (up to %.0fs in all)",
+                            self.path, self.holder() or "its holder", timeout, self.wait_alive,
+                        )
+                    self.waited_past_timeout = True
+                    deadline = now + self.poll_interval
+                else:
+                    holder = self.holder()
+                    beat = f" (last heartbeat {holder.age:.0f}s ago)" if holder is not None else ""
+                    past = (
+                        f" and {now - started:.0f}s in all while its heartbeat was fresh"
+                        if self.waited_past_timeout else ""
+                    )
+                    raise LockTimeoutError(
+                        f"could not take lock {self.path} ({self.mode}) within {timeout}s{past}; "
+                        f"held by {holder or 'an unknown process'}{beat}"
+                    )
             if now >= next_log:
                 logger.info(
                     "still waiting for %s to release lock %s (%.0fs)",
@@ -227,18 +393,28 @@ class BaseLock:
         parent = self.path.parent
         if not parent.is_dir():
             os.makedirs(parent, mode=self.dir_mode, exist_ok=True)
+            try:
+                os.chmod(parent, self.dir_mode)  # exact, whatever the umask (group mode: 2775)
+            except OSError:
+                pass
 
     def _new_holder(self) -> bytes:
-        """The holder record this process writes into the lock: ``host:pid:time``."""
-        return LockHolder(HOSTNAME, os.getpid(), time.time()).encode()
+        """The holder record this process writes into the lock: ``host:pid:time:namespace``."""
+        return self._me().encode()
+
+    @staticmethod
+    def _me() -> LockHolder:
+        return LockHolder(HOSTNAME, os.getpid(), time.time(), LOCAL_NAMESPACE)
 
     def release(self) -> None:
         """Release the lock; releasing a lock that is not held does nothing."""
         if not self._held:
             return
-        self._held = False
+        _heartbeat.remove(self)
         try:
-            self._release_on_disk()
+            with self._io:
+                self._held = False
+                self._release_on_disk()
         finally:
             if self._local is not None:
                 local, self._local = self._local, None
@@ -268,6 +444,7 @@ class NoLock(BaseLock):
         if self._held:
             raise RuntimeError(f"lock {self.path} is already held by this object (not re-entrant)")
         self._held = True
+        self.waited, self.waited_past_timeout = 0.0, False
         return self
 
     def _try_once(self) -> bool:

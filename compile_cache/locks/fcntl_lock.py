@@ -55,6 +55,7 @@ class FcntlLock(BaseLock):
         except FileNotFoundError:
             self._ensure_parent()
             return False
+        self._exact_mode(fd)
         try:
             self._lock(fd)
         except OSError as exc:
@@ -79,6 +80,14 @@ class FcntlLock(BaseLock):
         self._fd = fd
         return True
 
+    def _exact_mode(self, fd: int) -> None:
+        """Our own lock file gets the store's mode whatever the umask (group mode: 0664), so the
+        next member of the group can open it for writing."""
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and (st.st_mode & 0o7777) != self.file_mode:
+                os.fchmod(fd, self.file_mode)
+
     def _fall_back(self, path: Path, exc: OSError) -> bool:
         code = errno.errorcode.get(exc.errno or 0, str(exc))
         modes.note_enolck(path)
@@ -91,9 +100,20 @@ class FcntlLock(BaseLock):
             self.base, timeout=self.timeout, stale_after=self.stale_after,
             poll_interval=self.poll_interval, wait_log_interval=self.wait_log_interval,
             dir_mode=self.dir_mode, file_mode=self.file_mode, reason=reason,
+            wait_alive=self.wait_alive,
         )
         self.mode, self.reason = "mkdir", reason
         return self._fallback._try_once()
+
+    def _refresh(self) -> bool:
+        if self._fallback is not None:
+            return self._fallback._refresh()
+        if self._fd is None:
+            return True
+        record = self._new_holder()
+        os.pwrite(self._fd, record, 0)  # overwrite in place: a reader never sees an empty record
+        os.ftruncate(self._fd, len(record))
+        return True
 
     def _release_on_disk(self) -> None:
         if self._fallback is not None:

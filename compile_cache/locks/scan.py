@@ -12,9 +12,22 @@ import time
 from pathlib import Path
 
 from .._paths import HOSTNAME
-from .base import DEFAULT_STALE_AFTER, LOCK_SUFFIX, LOCKDIR_SUFFIX, read_holder
+from .base import (
+    DEFAULT_STALE_AFTER,
+    LOCK_SUFFIX,
+    LOCKDIR_SUFFIX,
+    OWNER_FILE,
+    read_holder,
+)
 
-__all__ = ["break_stale_lock", "is_lock_leftover", "is_lock_name", "is_stale", "read_holder"]
+__all__ = [
+    "break_stale_lock",
+    "heartbeat_age",
+    "is_lock_leftover",
+    "is_lock_name",
+    "is_stale",
+    "read_holder",
+]
 
 logger = logging.getLogger("compile_cache")
 
@@ -33,24 +46,49 @@ def is_lock_leftover(name: str) -> bool:
     return STALE_INFIX in name or RELEASE_INFIX in name
 
 
-def is_stale(lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER) -> bool:
-    """Whether a lock left on disk is stale: its holder is dead on this host, or it is too old.
+def heartbeat_age(lock_dir: str | os.PathLike[str]) -> float | None:
+    """Seconds since the holder of a ``mkdir`` lock last showed it is alive: the newer of the
+    time recorded in its owner file and that file's mtime (a holder's heartbeat refreshes
+    them). None when there is no readable owner file."""
+    path = Path(lock_dir)
+    holder = read_holder(path)
+    if holder is None:
+        return None
+    try:
+        mtime = os.stat(path / OWNER_FILE).st_mtime
+    except OSError:
+        mtime = holder.time
+    return max(0.0, time.time() - max(holder.time, mtime))
 
-    For a ``.lockdir`` (mkdir lock) this is the breaking rule. For a ``.lock`` file (fcntl/flock)
-    the kernel already released it if the holder died, so it is stale (removable garbage) when
-    nobody holds it now and it has not been touched for ``stale_after`` seconds.
+
+def is_stale(
+    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER
+) -> bool:
+    """Whether a lock left on disk is stale.
+
+    For a ``.lockdir`` (mkdir lock) this is the breaking rule: its holder is dead in this pid
+    namespace, or its heartbeat (:func:`heartbeat_age`) is older than ``stale_after`` seconds
+    (``COMPILE_CACHE_LOCK_STALE``, 120 s). A holder on another host or container cannot be asked
+    whether it lives, so a dead one costs its waiters ``stale_after`` seconds, not the lock
+    timeout. For a ``.lock`` file
+    (fcntl/flock) the kernel already released it if the holder died, so it is stale (removable
+    garbage) when nobody holds it now and it has not been touched for ``stale_after`` seconds.
     """
     path = Path(lock_path)
     if path.is_dir():
         holder = read_holder(path)
+        limit = stale_after
         if holder is None:
             try:
                 age = time.time() - path.stat().st_mtime
             except OSError:
                 return False
             # An owner file is written microseconds after mkdir: missing for long means a crash.
-            return age > min(stale_after, 60.0)
-        return holder.is_alive() is False or holder.age > stale_after
+            return age > limit
+        if holder.is_alive() is False:
+            return True
+        beat = heartbeat_age(path)
+        return (beat if beat is not None else holder.age) > limit
     try:
         age = time.time() - path.stat().st_mtime
     except OSError:

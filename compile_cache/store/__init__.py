@@ -4,11 +4,14 @@ A *key* (what ``compile_regions`` computes from the model, its plan, the compile
 environment) names an *entry*; an entry accumulates *packs*, one per publish, each named by the
 hash of its content. The modules, each with one job:
 
-``pack``         the pack format: encode, decode, read a header, content hash
+``pack``         the pack format: encode, content hash, the prefix/header checks, the limits
+``reader``       reading a pack bounded: every check, then members on demand (decode)
+``members``      what a member must be before torch sees it (complete libraries, name limits)
 ``layout``       every path under the store root (the only module that knows the disk layout)
 ``safety``       where the store is (argument, ``COMPILE_CACHE_DIR``, XDG, ~/.cache), and the
                  owner/mode checks that refuse a directory others could write (doctor uses it too)
-``core``         :class:`Store`: publish, load, entries, quarantine, locks
+``core``         :class:`Store`: publish, entries, quarantine, locks
+``loading``      :meth:`Store.load`: one consistent set of packs, each checked, trust per directory
 ``stats``        the counters, sharded per process
 ``maintenance``  evict (LRU, cap, age, keys), clear, verify (fix)
 ``archive``      export / import of entries as one tar archive
@@ -25,10 +28,10 @@ from .pack import (
     FORMAT_VERSION,
     IncompatiblePackError,
     content_hash,
-    decode_pack,
     encode_pack,
     read_pack_header,
 )
+from .reader import decode_pack
 from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .safety import resolve_location
 from .stats import COUNTERS, STATS_SHARDS

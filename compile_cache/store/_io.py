@@ -10,7 +10,7 @@ import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .. import _warnings
 from .._paths import check_key
@@ -56,17 +56,25 @@ def errno_name(exc: BaseException) -> str:
     return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
 
 
-def read_nofollow(path: Path, limit: int | None = None) -> bytes:
-    """Read a regular file without following a symlink at ``path`` (a planted link is refused)."""
+def open_nofollow(path: Path) -> BinaryIO:
+    """Open a regular file for reading without following a symlink at ``path`` (a planted link
+    is refused: :class:`UnsafePathError`), unbuffered."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePathError(f"{path} is a symlink") from exc
         raise
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise UnsafePathError(f"{path} is not a regular file")
+    fh = os.fdopen(fd, "rb", buffering=0)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise UnsafePathError(f"{path} is not a regular file")
+    return fh  # type: ignore[return-value]
+
+
+def read_nofollow(path: Path, limit: int | None = None) -> bytes:
+    """Read a regular file without following a symlink at ``path`` (a planted link is refused)."""
+    with open_nofollow(path) as fh:
         return fh.read() if limit is None else fh.read(limit)
 
 

@@ -6,29 +6,40 @@ Archive layout (``.tar``, or gzip-compressed for ``.tar.gz``/``.tgz`` names)::
     entries/<key>/entry.json               the entry's metadata
     entries/<key>/packs/<hash>.pack        every valid pack, byte for byte
 
-An import validates every member before writing anything: only regular files and directories,
-safe names, this layout, and every pack's checksum (and signature), key and content hash.
+An import validates every member before moving anything into the store: only regular files and
+directories, safe names, this layout, declared sizes within the limits, and every pack's
+checksum (and signature), key, members and content hash. It reads the archive once and holds at
+most one chunk of it in memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import os
 import secrets
+import shutil
 import tarfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from .._paths import HOSTNAME, check_key, check_member_name
+from .._sizes import format_size
 from ..errors import CorruptPackError, StoreError, UnsafePathError
-from ._io import json_bytes, key_list, read_json_file, read_nofollow
+from ._io import MAX_JSON_BYTES, json_bytes, key_list, open_nofollow, read_json_file
 from .layout import PACK_RE
-from .pack import FORMAT_VERSION, IncompatiblePackError, content_hash, decode_pack
+from .maintenance import recount_size
+from .pack import (
+    CHUNK,
+    FORMAT_VERSION,
+    PREFIX_SIZE,
+    IncompatiblePackError,
+    PackLimits,
+    SignatureMismatchError,
+    check_prefix,
+)
 from .records import ImportReport
 
 if TYPE_CHECKING:
@@ -63,16 +74,22 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
                     _tar_add(tar, f"entries/{key}/entry.json", json_bytes(meta))
                 for pack_path in layout.pack_paths(key):
                     try:
-                        data = read_nofollow(pack_path)
-                        decode_pack(data, signing_key=store.signing_key, key=key)
+                        fh = open_nofollow(pack_path)
                     except FileNotFoundError:
                         continue
-                    except IncompatiblePackError:
-                        continue
-                    except CorruptPackError as exc:
+                    except CorruptPackError as exc:  # a symlink or special file planted there
                         store._corrupt(pack_path, key, exc)
                         continue
-                    _tar_add(tar, f"entries/{key}/packs/{pack_path.name}", data)
+                    with fh:  # checked, then streamed from the same open file: never read whole
+                        try:
+                            checked = store._check_pack(pack_path, fh, key, close=False)
+                        except (IncompatiblePackError, SignatureMismatchError):
+                            continue  # another version's, or another key's: not ours to carry
+                        except CorruptPackError as exc:
+                            store._corrupt(pack_path, key, exc)
+                            continue
+                        fh.seek(0)
+                        _tar_add_file(tar, f"entries/{key}/packs/{pack_path.name}", fh, checked.size)
                     count += 1
         os.replace(tmp, target)
     finally:
@@ -82,97 +99,155 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
 
 
 def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
-    """See :meth:`Store.import_archive`."""
+    """See :meth:`Store.import_archive`.
+
+    One pass over the archive (a ``.tar.gz`` is never decompressed twice): each member's type,
+    name and declared size are checked first (a pack over ``COMPILE_CACHE_MAX_PACK_SIZE``, or an
+    archive whose members add up to more than the store's size cap, stops the import before its
+    bytes are read: a gzip bomb costs nothing), then it is copied in chunks to a private temp
+    file under ``v1/tmp`` and checked there like any pack a job loads. Only when every member
+    passed are the packs moved into place.
+    """
     path = Path(path)
-    validated: dict[str, tuple[str, str]] = {}  # member name -> (sha256 of data, kind)
+    limits = store.limits
+    total_limit = store.max_size or None
+    staging = store.layout.tmp_dir / f"import-{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}"
+    store._mkdirs(staging)
+    staged: list[tuple[str, str, Path]] = []  # (kind, member name, staged file)
     keys: list[str] = []
+    declared = 0
     try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                _check_tar_member(member)
-                if member.isdir():
-                    continue
-                fh = tar.extractfile(member)
-                data = fh.read() if fh is not None else b""
-                kind = _validate_member(store, member.name, data)
-                if kind.startswith("pack:") or kind.startswith("entry:"):
-                    key = kind.split(":", 1)[1]
-                    if key not in keys:
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                for member in tar:
+                    _check_tar_member(member)
+                    if member.isdir():
+                        continue
+                    declared += member.size
+                    kind, limit = _classify(member.name, limits.max_pack_size)
+                    if member.size > limit:
+                        raise CorruptPackError(
+                            f"archive member {member.name!r} declares {format_size(member.size)}, over "
+                            f"the limit of {format_size(limit)}"
+                            + (" (COMPILE_CACHE_MAX_PACK_SIZE)" if kind.startswith("pack:") else "")
+                        )
+                    if total_limit is not None and declared > total_limit:
+                        raise CorruptPackError(
+                            f"archive {path} holds more than the store's size cap of "
+                            f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
+                            f"{member.name!r}"
+                        )
+                    target = staging / f"{len(staged):06d}"
+                    fh = tar.extractfile(member)
+                    _copy_bounded(fh, target, member.size, store.file_mode,
+                                  limits if kind.startswith("pack:") else None)
+                    _validate_staged(store, member.name, kind, target)
+                    key = kind.split(":", 1)[1] if ":" in kind else None
+                    if key is not None and key not in keys:
                         keys.append(key)
-                validated[member.name] = (hashlib.sha256(data).hexdigest(), kind)
-            # Everything checked: now write, re-checking each member is the one validated.
-            report = ImportReport(keys=keys)
-            for member in tar:
-                if member.name not in validated or member.isdir():
-                    continue
-                digest, kind = validated[member.name]
-                if kind == "manifest":
-                    continue
-                fh = tar.extractfile(member)
-                data = fh.read() if fh is not None else b""
-                if hashlib.sha256(data).hexdigest() != digest:
-                    raise CorruptPackError(f"archive member {member.name!r} changed while importing")
-                _import_member(store, member.name, kind, data, report)
-    except tarfile.TarError as exc:
-        raise CorruptPackError(f"{path} is not a readable tar archive: {exc}") from exc
+                    staged.append((kind, member.name, target))
+        except tarfile.TarError as exc:
+            raise CorruptPackError(f"{path} is not a readable tar archive: {exc}") from exc
+        # Everything checked: now move the staged files into place.
+        report = ImportReport(keys=keys)
+        for kind, name, staged_file in staged:
+            if kind != "manifest":
+                _import_member(store, name, kind, staged_file, report)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if report.packs_added:
+        recount_size(store)  # what an import adds is counted by one walk
     return report
 
 
-def _validate_member(store: Store, name: str, data: bytes) -> str:
-    try:
-        return _classify_member(store, name, data)
-    except ValueError as exc:  # a bad key in a member name
-        if isinstance(exc, CorruptPackError):
-            raise
-        raise CorruptPackError(f"archive member {name!r}: {exc}") from exc
-
-
-def _classify_member(store: Store, name: str, data: bytes) -> str:
-    if name == MANIFEST:
-        with contextlib.suppress(ValueError, UnicodeDecodeError):
-            if isinstance(json.loads(data.decode()), dict):
-                return "manifest"
-        raise CorruptPackError("archive manifest.json is not a JSON object")
+def _classify(name: str, max_pack_size: int) -> tuple[str, int]:
+    """(kind, size limit) of an archive member, from its name alone (checked again in full later)."""
     parts = name.split("/")
+    if name == MANIFEST:
+        return "manifest", MAX_JSON_BYTES
     if len(parts) == 3 and parts[0] == "entries" and parts[2] == "entry.json":
-        key = check_key(parts[1])
-        try:
-            ok = isinstance(json.loads(data.decode()), dict)
-        except (ValueError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            raise CorruptPackError(f"archive member {name!r} is not a JSON object")
-        return f"entry:{key}"
+        return f"entry:{_key(name, parts[1])}", MAX_JSON_BYTES
     if len(parts) == 4 and parts[0] == "entries" and parts[2] == "packs" and PACK_RE.fullmatch(parts[3]):
-        key = check_key(parts[1])
-        _header, members = decode_pack(data, signing_key=store.signing_key, key=key)
-        if content_hash(members) != parts[3][:-5]:
-            raise CorruptPackError(f"archive member {name!r}: name does not match its content")
-        return f"pack:{key}"
+        return f"pack:{_key(name, parts[1])}", max_pack_size
     raise CorruptPackError(f"unexpected archive member {name!r}: not made by compile_cache export")
 
 
-def _import_member(store: Store, name: str, kind: str, data: bytes, report: ImportReport) -> None:
+def _key(name: str, text: str) -> str:
+    try:
+        return check_key(text)
+    except ValueError as exc:  # a bad key in a member name
+        raise CorruptPackError(f"archive member {name!r}: {exc}") from exc
+
+
+def _copy_bounded(
+    fh: IO[bytes] | None, target: Path, size: int, mode: int, limits: PackLimits | None,
+) -> None:
+    """Copy at most ``size`` bytes (the declared size) from ``fh`` to a new file, in chunks; a
+    pack's prefix (``limits`` given) is checked against its declared size first."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    with os.fdopen(fd, "wb") as out:
+        remaining = size
+        if limits is not None and fh is not None:
+            prefix = fh.read(min(PREFIX_SIZE, size))
+            check_prefix(prefix, size, limits)  # magic, format, size, limits: before the body
+            out.write(prefix)
+            remaining -= len(prefix)
+        while fh is not None and remaining > 0:
+            data = fh.read(min(CHUNK, remaining))
+            if not data:
+                raise CorruptPackError(f"archive member ends before its declared {size} bytes")
+            out.write(data)
+            remaining -= len(data)
+
+
+def _validate_staged(store: Store, name: str, kind: str, staged: Path) -> None:
+    if kind in ("manifest",) or kind.startswith("entry:"):
+        try:
+            ok = isinstance(json.loads(staged.read_bytes().decode()), dict)
+        except (ValueError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            what = "archive manifest.json" if kind == "manifest" else f"archive member {name!r}"
+            raise CorruptPackError(f"{what} is not a JSON object")
+        return
+    key = kind.split(":", 1)[1]
+    fh = open_nofollow(staged)
+    checked = store._check_pack(staged, fh, key)  # limits, checksum, signature, members
+    try:
+        if checked.content_hash() != name.rsplit("/", 1)[1][:-5]:
+            raise CorruptPackError(f"archive member {name!r}: name does not match its content")
+    finally:
+        checked.close()
+
+
+def _import_member(store: Store, name: str, kind: str, staged: Path, report: ImportReport) -> None:
     key = kind.split(":", 1)[1]
     store._mkdirs(store.layout.packs_dir(key))
     if kind.startswith("entry:"):
-        store._write_entry_json(store.layout.entry_dir(key), data)
+        store._write_entry_json(store.layout.entry_dir(key), staged.read_bytes())
         return
     target = store.layout.packs_dir(key) / name.rsplit("/", 1)[1]
     if target.exists():
         report.packs_present += 1
         return
-    store._write(target, data)
+    os.chmod(staged, store.file_mode)
+    os.replace(staged, target)  # same filesystem (v1/tmp): atomic, a reader sees all or nothing
     store._touch_used(key)
     report.packs_added += 1
 
 
 def _tar_add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    import io
+
+    _tar_add_file(tar, name, io.BytesIO(data), len(data))
+
+
+def _tar_add_file(tar: tarfile.TarFile, name: str, fh: IO[bytes], size: int) -> None:
     info = tarfile.TarInfo(name)
-    info.size = len(data)
+    info.size = size
     info.mode = 0o644
     info.mtime = int(time.time())
-    tar.addfile(info, io.BytesIO(data))
+    tar.addfile(info, fh)
 
 
 def _check_tar_member(member: tarfile.TarInfo) -> None:

@@ -23,35 +23,29 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._paths import HOSTNAME, atomic_write, check_key, check_member_name
+from .._paths import HOSTNAME, atomic_write, check_key
 from .._sizes import parse_age, parse_size
-from ..errors import CorruptPackError, StoreError
-from ..locks import DEFAULT_STALE_AFTER, BaseLock, lock_mode_for, make_lock
-from . import archive, maintenance, stats
+from ..errors import StoreError
+from ..locks import BaseLock, lock_mode_for, make_lock
+from . import archive, loading, maintenance, publishing, stats
 from ._io import (
     check_seconds,
     errno_name,
-    json_bytes,
     key_list,
     make_dirs,
     read_json_file,
-    read_nofollow,
     torch_version,
     warn_once,
 )
 from .layout import Layout
 from .pack import (
     FORMAT_VERSION,
-    IncompatiblePackError,
-    check_member_bytes,
-    content_hash,
-    decode_pack,
-    encode_pack,
-    is_signed,
-    read_pack_header,
+    PackLimits,
+    signer_id,
 )
+from .reader import CheckedPack
 from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
-from .safety import check_safe_dir, resolve_location
+from .safety import check_tree, resolve_location
 
 __all__ = ["DEFAULT_MAX_SIZE", "Store"]
 
@@ -99,6 +93,10 @@ class Store:
         self.signing_key: bytes | None = (
             signing_key.encode() if isinstance(signing_key, str) else signing_key
         ) or None
+        #: The id packs signed with this store's key carry (None without a key).
+        self.signer: str | None = signer_id(self.signing_key)
+        #: The bounds a pack must stay within (COMPILE_CACHE_MAX_PACK_SIZE, ...).
+        self.limits: PackLimits = PackLimits.from_config()
         self.lock_mode, self.lock_reason = lock_mode_for(self.root)
         #: Every path of the store (``v1/entries/...``, ``stats/``, ``locks/``, ...).
         self.layout = Layout(self.root)
@@ -126,8 +124,8 @@ class Store:
                 self._mkdirs(self.root, anchor=None)
             except OSError as exc:
                 self._go_read_only(f"cannot create {self.root}: {exc.strerror or exc}")
-        for directory in (self.root, self.base):
-            check_safe_dir(directory, self.shared_group)
+        # The root (symlinks resolved, each symlink ours) and every directory of the layout.
+        check_tree(self.root, (self.base, *self.layout.dirs), self.shared_group)
         if os.path.isdir(self.root) and not os.access(self.root, os.R_OK | os.X_OK):
             self._go_read_only(f"{self.root} is not readable by this user")
         if not self.read_only:
@@ -175,6 +173,7 @@ class Store:
         return atomic_write(target, data, mode=self.file_mode, exclusive=exclusive, fsync=fsync)
 
     def _touch_used(self, key: str) -> None:
+        """Mark ``key`` used now (LRU): the ``used`` file's mtime, created with the store's mode."""
         if self.read_only:
             return
         used = self.layout.used_file(key)
@@ -182,13 +181,22 @@ class Store:
             os.utime(used)
         except FileNotFoundError:
             with contextlib.suppress(OSError):
-                os.close(os.open(used, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), self.file_mode))
+                fd = os.open(used, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), self.file_mode)
+                try:
+                    os.fchmod(fd, self.file_mode)  # exact, whatever the umask (group mode: 0664)
+                finally:
+                    os.close(fd)
+        except PermissionError:
+            # Another member's file without group write (an older store): replace it by ours.
+            with contextlib.suppress(OSError):
+                self._write(used, b"", fsync=False)
         except OSError:
             pass
 
-    def _lock_at(self, base: Path, timeout: float | None) -> BaseLock:
-        """A lock under this store's locks dir, with its mode and permissions."""
+    def _lock_at(self, base: Path, timeout: float | None, wait_alive: float | None = None) -> BaseLock:
+        """A lock under this store's locks dir, with its mode, permissions and stale age."""
         return make_lock(base, mode=self.lock_mode, timeout=timeout,
+                         stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
                          dir_mode=self.dir_mode, file_mode=self.file_mode)
 
     # -- counters (compile_cache.store.stats) ------------------------------------------------------
@@ -197,23 +205,24 @@ class Store:
         stats.bump(self, delta)
 
     def record_hit(self, key: str, seconds_saved: float | None = None, nbytes: int = 0) -> None:
-        """Count a hit (the caller restored ``key`` and it worked) and mark ``key`` used.
-
-        ``seconds_saved`` defaults to the compile seconds recorded in the key's packs.
-        """
-        check_key(key)
-        if seconds_saved is None:
-            seconds_saved = 0.0
-            for path in self.layout.pack_paths(key):
-                with contextlib.suppress(OSError, CorruptPackError):
-                    seconds_saved += float(read_pack_header(path)[0].get("compile_seconds") or 0.0)
-        self._touch_used(key)
-        self._bump(hits=1, seconds_saved=float(seconds_saved), bytes_restored=int(nbytes))
+        """Count a hit (restored, compiled nothing new); ``seconds_saved`` defaults to the compile
+        seconds recorded in the key's packs. Marks ``key`` used."""
+        self.record_outcome(key, "hit", seconds_saved=seconds_saved, nbytes=nbytes)
 
     def record_miss(self, key: str) -> None:
         """Count a miss for ``key`` (nothing usable was in the store)."""
+        self.record_outcome(key, "miss")
+
+    def record_outcome(self, key: str, outcome: str, *, previous: str | None = None,
+                       seconds_saved: float | None = None, nbytes: int = 0) -> None:
+        """Count a start as ``hit``, ``partial``, ``miss`` or ``local`` (see
+        :mod:`compile_cache.store.stats`); ``previous``: what it was counted as before."""
         check_key(key)
-        self._bump(misses=1)
+        seconds_saved = None if seconds_saved is None else float(seconds_saved)
+        if outcome in ("hit", "partial"):
+            self._touch_used(key)
+        stats.record_outcome(self, key, outcome, previous=previous,
+                             seconds_saved=seconds_saved, nbytes=nbytes)
 
     def record_error(self, kind: str) -> None:
         """Count an error of ``kind`` (e.g. ``"restore"``, ``"ENOSPC"``)."""
@@ -227,16 +236,35 @@ class Store:
         """Count a capture that diffed the local cache dirs (a torch hook it needs is missing)."""
         self._bump(capture_fallbacks=1)
 
+    def record_failed_hit(self, key: str) -> None:
+        """The hit counted for ``key`` was not one after all (torch could not load what the
+        restore put in place): it becomes a miss."""
+        check_key(key)
+        self._bump(hits=-1, misses=1)
+
+    def record_lock_fallback(self, exc: BaseException) -> None:
+        """Count a lock that could not be taken (timeout, EACCES, ENOLCK): the caller went on
+        without it."""
+        self._bump(lock_fallbacks=1, errors_by_kind={f"lock-{errno_name(exc)}": 1})
+
     def stats(self) -> dict[str, Any]:
-        """Every counter of :data:`.stats.COUNTERS` summed over all processes, ``errors_by_kind``,
-        ``hit_rate``, ``entries``, ``packs``, ``size(_human)``, ``max_size(_human)``,
-        ``quarantined``, ``location(_source)``, ``read_only(_reason)``, ``lock_mode``."""
+        """Counters summed over all processes, plus the store's size, cap and location.
+
+        Keys: every counter (``hits``, ``partial_hits``, ``misses``, ``local_hits``, ``errors``,
+        ``corrupt``, ``incompatible``, ``publishes``, ``bytes_published``, ``bytes_restored``,
+        ``seconds_saved``, ``compile_seconds``, ``evictions``, ``evicted_bytes``,
+        ``backend_fallbacks``, ``capture_fallbacks``, ``signature_mismatch``, ``load_failures``,
+        ``lock_fallbacks``, ``untrusted``, the size counter ``stored_bytes`` and ``size_recounts``),
+        ``errors_by_kind``, ``hit_rate``, ``entries``, ``packs``, ``size``, ``max_size``,
+        ``size_human``, ``max_size_human``, ``quarantined``, ``location``, ``location_source``,
+        ``read_only``, ``read_only_reason``, ``lock_mode``.
+        """
         return stats.summary(self)
 
     def zero_stats(self) -> None:
         """Reset every counter to zero (entries are kept)."""
         self._require_writable("zero the stats")
-        stats.zero(self)
+        stats.zero(self, size=maintenance.total_size(self))  # the size counter stays
 
     # -- publish / load --------------------------------------------------------------------------
     def publish(
@@ -246,65 +274,24 @@ class Store:
         metadata: Mapping[str, Any] | None = None,
         entry_info: Mapping[str, Any] | None = None,
         compile_seconds: float = 0.0,
+        member_info: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> PackInfo | None:
         """Add a pack of ``members`` to ``key``; return its :class:`PackInfo`, or ``None``.
 
         ``None`` means nothing was written: the same content is already there (packs are
-        content-addressed), the store is read-only (one warning), or an I/O error happened
-        (``ENOSPC``, ``EACCES``, ``EROFS``, a directory removed under us: one warning per kind,
-        a counted error, never an exception). ``metadata`` goes into the pack header;
-        ``entry_info`` into ``entry.json`` when this publish creates the entry. Programming
+        content-addressed), the store is read-only (one warning), the pack would break the
+        limits a reader checks (one warning, a counted error: ``COMPILE_CACHE_MAX_PACK_SIZE``,
+        ``_MAX_PACK_MEMBERS``, ``_MAX_MEMBER_NAME``), or an I/O error happened (``ENOSPC``,
+        ``EACCES``, ``EROFS``, a directory removed under us: one warning per kind, a counted
+        error, never an exception). ``metadata`` goes into the pack header; ``entry_info`` into
+        ``entry.json`` when this publish creates the entry; ``member_info`` per member into the
+        member table (``{"file_size": n}``: what the capture saw of the finished file). Programming
         errors still raise: a bad key (``ValueError``), an unsafe member name
         (:class:`UnsafePathError`), non-bytes members or non-JSON metadata (``TypeError``).
-        May evict least-recently-used entries afterwards to stay under ``max_size``.
+        May evict least-recently-used entries afterwards to stay under ``max_size`` (by the size
+        counter: no walk of the store).
         """
-        check_key(key)
-        if not isinstance(members, Mapping):
-            raise TypeError(f"members must be a mapping of name -> bytes, got {type(members).__name__}")
-        for member_name, data in members.items():
-            check_member_name(member_name)
-            check_member_bytes(member_name, data)
-        entry_json = json_bytes(self._entry_record(key, entry_info))
-        json_bytes(dict(metadata or {}))  # TypeError/ValueError now, not after the hashing
-        if self.read_only:
-            warn_once(self.root, "read-only-publish",
-                       f"compile cache {self.root} is read-only ({self.read_only_reason}): "
-                       "new compile artifacts are not saved")
-            return None
-        name = content_hash(members)
-        entry = self.layout.entry_dir(key)
-        target = self.layout.pack_path(key, name)
-        try:
-            if target.exists():
-                self._touch_used(key)
-                return None
-            name, chunks, size = encode_pack(
-                key, members, metadata, compile_seconds=compile_seconds,
-                signing_key=self.signing_key, name=name,
-            )
-            for attempt in range(2):
-                try:
-                    self._mkdirs(target.parent)
-                    self._write_entry_json(entry, entry_json)
-                    self._write(target, chunks)
-                    break
-                except FileNotFoundError:
-                    if attempt:  # the entry was evicted twice under us: give up quietly
-                        raise
-            self._touch_used(key)
-        except OSError as exc:
-            self._io_error("publish", exc, target)
-            return None
-        header = {"created": time.time(), "members": [{"size": len(members[m])} for m in members],
-                  "compile_seconds": compile_seconds, "metadata": dict(metadata or {})}
-        info = PackInfo._from_header(key, name, target, size, header, self.signing_key is not None)
-        self._bump(publishes=1, bytes_published=size, compile_seconds=float(compile_seconds))
-        if self.max_size:
-            try:
-                maintenance.enforce_cap(self, protect={key})
-            except OSError as exc:
-                logger.debug("eviction after publish failed: %s", exc)
-        return info
+        return publishing.publish(self, key, members, metadata, entry_info, compile_seconds, member_info)
 
     def _entry_record(self, key: str, entry_info: Mapping[str, Any] | None) -> dict[str, Any]:
         record: dict[str, Any] = {"created": time.time(), "torch": torch_version(), "host": HOSTNAME}
@@ -312,64 +299,41 @@ class Store:
         record.update(key=key, format=FORMAT_VERSION)
         return record
 
-    def _write_entry_json(self, entry: Path, data: bytes) -> None:
+    def _write_entry_json(self, entry: Path, data: bytes) -> int:
+        """Write ``entry.json`` unless a good one exists; the bytes this added to the store."""
         path = entry / "entry.json"
         current, garbage = read_json_file(path)
         if current is not None:
-            return
-        self._write(path, data, exclusive=not garbage)
+            return 0
+        return len(data) if self._write(path, data, exclusive=not garbage) and not garbage else 0
 
     def load(self, key: str) -> list[Pack]:
         """Every valid pack of ``key``, oldest first; ``[]`` when there is none.
 
-        A pack that fails its checks (truncated, altered, unsigned while a signing key is set,
-        unsafe member names) is counted as ``corrupt``, moved to quarantine and skipped; a pack of
-        another format version is counted as ``incompatible`` and left alone. Loading does not
-        count a hit or a miss (the caller knows whether the restore worked: :meth:`record_hit`,
-        :meth:`record_miss`); it marks the entry used.
+        The packs are one consistent set: all of them are opened before any is read, and if a
+        listed pack vanishes meanwhile (evicted, quarantined, superseded) the entry is listed
+        again; an entry that is gone is a miss, never a part of it. Each pack is checked without
+        being read whole (:func:`~compile_cache.store.reader.open_pack`): its size and member
+        count against the limits, from its first bytes; its header, checksum and signature;
+        then every member (:mod:`~compile_cache.store.members`: a shared library must be a
+        complete ELF/Mach-O file of the size the capture recorded). A pack that fails is counted
+        as ``corrupt``, moved to quarantine and skipped; a pack of another format version is
+        counted as ``incompatible`` and left alone; a pack signed with another key (or unsigned,
+        while this store has a key) is a miss for this reader only, counted as
+        ``signature_mismatch`` and left for the readers who hold that key. A directory or pack
+        that another user owns or can write (:mod:`~compile_cache.store.safety`) is refused,
+        counted as ``untrusted``. Members are read on demand from the open pack files
+        (:class:`~compile_cache.store.reader.PackMembers`). Loading does not count a hit or a miss
+        (the caller knows whether the restore worked: :meth:`record_hit`, :meth:`record_miss`);
+        it marks the entry used.
         """
-        check_key(key)
-        packs: list[Pack] = []
-        try:
-            paths = self.layout.pack_paths(key, strict=True)
-        except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
-            self._io_error("read", exc, self.layout.packs_dir(key))
-            return []
-        ours = torch_version()
-        for path in paths:
-            try:
-                data = read_nofollow(path)
-                header, members = decode_pack(data, signing_key=self.signing_key, key=key)
-            except FileNotFoundError:
-                continue  # evicted or quarantined by another process meanwhile
-            except IncompatiblePackError as exc:
-                logger.info("skipping pack %s: %s", path, exc)
-                self._bump(incompatible=1)
-                continue
-            except CorruptPackError as exc:
-                self._corrupt(path, key, exc)
-                continue
-            except OSError as exc:
-                self._io_error("read", exc, path)
-                continue
-            theirs = header.get("torch")
-            if isinstance(theirs, str) and "unknown" not in (theirs, ours) and theirs != ours:
-                # Keys include the environment, so this pack was put here by hand or by a bug;
-                # its artifacts were built for another torch. Set it aside so that a republish
-                # of the same content (same pack name) is not blocked by it.
-                moved = self._quarantine(path, key)
-                warn_once(self.root, "foreign-torch",
-                           f"compile cache: pack {path} was written by torch {theirs}, this is "
-                           f"torch {ours}; treated as a miss and "
-                           + (f"moved to {moved}" if moved else "left in place (read-only store)"))
-                self._bump(incompatible=1)
-                continue
-            info = PackInfo._from_header(key, path.stem, path, len(data), header, is_signed(data))
-            packs.append(Pack(members=members, header=header, info=info))
-        if packs:
-            self._touch_used(key)
-        packs.sort(key=lambda p: (p.info.created, p.info.name))
-        return packs
+        return loading.load(self, key)
+
+    def _check_pack(
+        self, path: Path, fh: Any, key: str, labels: Any = None, *, close: bool = True,
+    ) -> CheckedPack:
+        """Every check of one open pack file (see :meth:`load`); the file is closed on failure."""
+        return loading.check_pack(self, fh, key, labels, close=close)
 
     def _corrupt(self, path: Path, key: str, exc: BaseException) -> None:
         moved = self._quarantine(path, key)
@@ -383,26 +347,46 @@ class Store:
             return None
         target = self.layout.quarantine_path(key, path)
         try:
+            size = os.lstat(path).st_size
             self._mkdirs(self.quarantine_dir)
             os.replace(path, target)
         except OSError:
             return None
+        self._bump(stored_bytes=-size)
         return target
+
+    def quarantine(self, pack: PackInfo, reason: str, *, counter: str = "corrupt") -> Path | None:
+        """Set ``pack`` aside (a pack its user found unusable: a member restore refused, or a
+        library torch could not load): counted under ``counter``, warned once. Returns where it
+        went, or None (read-only store, already gone)."""
+        moved = self._quarantine(pack.path, pack.key)
+        where = f"moved to {moved}" if moved else "left in place (read-only store or already gone)"
+        warn_once(self.root, f"quarantine-{counter}",
+                  f"compile cache: pack {pack.path} is unusable ({reason}); treated as a miss and {where}")
+        self._bump(**{counter: 1})
+        return moved
+
+    def usable(self, pack: PackInfo) -> bool:
+        """Whether this store's reader accepts ``pack`` by its signer (from the header only):
+        with a signing key only packs signed with it, without one every pack."""
+        if self.signing_key is None:
+            return True
+        return pack.signed and pack.signer in (None, self.signer)
 
     def has(self, key: str) -> bool:
         """Whether ``key`` has at least one pack (unverified: :meth:`load` checks them)."""
         return bool(self.layout.pack_paths(check_key(key)))
 
-    def lock(self, key: str, timeout: float | None = 60.0) -> BaseLock:
+    def lock(self, key: str, timeout: float | None = 60.0, wait_alive: float | None = None) -> BaseLock:
         """A lock for ``key`` (``with store.lock(key): ...``): only avoids duplicate compiles.
 
-        Raises :class:`LockTimeoutError` on timeout, after which callers go on without it. On a
-        read-only store this is a no-op lock.
+        Raises :class:`LockTimeoutError` on timeout (``wait_alive``: or later, while the holder's
+        heartbeat is fresh), after which callers go on without it. Read-only store: a no-op lock.
         """
         check_key(key)
         if self.read_only:
             return make_lock(self.layout.lock_base(key), mode="none", timeout=timeout)
-        return self._lock_at(self.layout.lock_base(key), timeout)
+        return self._lock_at(self.layout.lock_base(key), timeout, wait_alive)
 
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
@@ -439,13 +423,12 @@ class Store:
             if not self.max_size:
                 return []
             max_size = self.max_size
-        return maintenance.remove_entries(
+        return maintenance.evict(
             self,
             None if max_size is None else parse_size(max_size, name="max_size"),
             None if older_than is None else parse_age(older_than, name="older_than"),
             None if keys is None else set(key_list(keys)),
             dry_run,
-            protect=set(),
         )
 
     def compact(self, keys: Iterable[str] | None = None, dry_run: bool = False) -> list[CompactReport]:
@@ -462,21 +445,26 @@ class Store:
 
     def verify(
         self, fix: bool = False, *, temp_age: float = maintenance.ORPHAN_AGE,
-        lock_stale_after: float = DEFAULT_STALE_AFTER,
+        lock_stale_after: float | None = None, labels: Iterable[str] | None = None,
     ) -> VerifyReport:
-        """Check every pack (header, checksum, signature), entry.json, stats file, temp file and lock.
+        """Check every pack, entry.json, stats file, temp file and lock.
 
-        Reports corrupt packs, orphaned temp files older than ``temp_age`` seconds (a crashed
-        publisher's), stale locks (dead holder or older than ``lock_stale_after``), garbage
-        ``entry.json`` and stats files, and empty entries. With ``fix=True`` corrupt packs are
-        quarantined and the rest removed (``fix`` raises :class:`StoreError` on a read-only store).
-        Packs of another format version are listed but never touched.
+        Packs get the checks a restoring job's :meth:`load` makes (limits, header, checksum,
+        signature, and every member: a shared library must be complete, of the size the capture
+        recorded; ``labels``: the first parts member names may have, None for any), and the
+        directories and packs their owner and mode. Reports corrupt packs, untrusted
+        directories and packs, orphaned temp files older than ``temp_age`` seconds (a crashed
+        publisher's), stale locks (dead holder, heartbeat older than ``lock_stale_after``,
+        default ``COMPILE_CACHE_LOCK_STALE``), garbage ``entry.json`` and stats files, and empty
+        entries. With ``fix=True`` corrupt packs are quarantined and the rest removed (``fix`` raises
+        :class:`StoreError` on a read-only store). Packs of another format version, or signed
+        with another key, are listed but never touched.
         """
         temp_age = check_seconds("temp_age", temp_age)
-        lock_stale_after = check_seconds("lock_stale_after", lock_stale_after)
         if fix:
             self._require_writable("fix the store")
-        return maintenance.verify(self, fix, temp_age, lock_stale_after)
+        return maintenance.verify(self, fix, temp_age, lock_stale_after,
+                                  None if labels is None else frozenset(labels))
 
     # -- export / import (compile_cache.store.archive) --------------------------------------------
     def export(self, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
@@ -490,11 +478,14 @@ class Store:
     def import_archive(self, path: str | os.PathLike[str]) -> ImportReport:
         """Add the entries of an archive made by :meth:`export`; importing twice is harmless.
 
-        Every member is validated before anything is written: only regular files and
-        directories (no symlinks, hard links, devices, FIFOs), safe relative names, the expected
-        layout, and every pack's checksum (and signature, with a signing key), key and content
-        hash. A bad archive raises :class:`UnsafePathError` / :class:`CorruptPackError` and
-        leaves the store untouched. Raises :class:`StoreError` on a read-only store.
+        Every member is validated before anything is moved into the store: only regular files
+        and directories (no symlinks, hard links, devices, FIFOs), safe relative names, the
+        expected layout, each declared size within ``COMPILE_CACHE_MAX_PACK_SIZE`` and the total
+        within the store's size cap (checked before the member is read: a gzip bomb stops at its
+        header), and every pack as :meth:`load` checks it (prefix, checksum, signature, members)
+        plus its key and content hash. The archive is read once, in chunks, into a private temp
+        dir. A bad archive raises :class:`UnsafePathError` / :class:`CorruptPackError` and leaves
+        the store untouched. Raises :class:`StoreError` on a read-only store.
         """
         self._require_writable("import")
         return archive.import_archive(self, path)

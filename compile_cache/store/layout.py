@@ -9,6 +9,7 @@
       v1/quarantine/<key>-<pack>-<time>.pack packs that failed their checks, set aside
       v1/locks/<key>.lock | <key>.lockdir    see compile_cache.locks
       v1/tmp/                                entries being evicted (renamed here, then deleted)
+      v1/misses/<key>.json                   the last misses, with what the missing start used (explain)
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ class Layout:
         self.root = root
         self.base = root / LAYOUT_DIR
         self.entries_dir = self.base / "entries"
+        self._entries = str(self.entries_dir)
         self.stats_dir = self.base / "stats"
         self.tmp_dir = self.base / "tmp"
         self.quarantine_dir = self.base / "quarantine"
         self.locks_dir = self.base / "locks"
+        self.misses_dir = self.base / "misses"
 
     @property
     def dirs(self) -> tuple[Path, ...]:
@@ -64,7 +67,17 @@ class Layout:
     def used_file(self, key: str) -> Path:
         return self.entry_dir(key) / "used"
 
+    def entry_strings(self, key: str) -> tuple[str, str, str, str]:
+        """(entry dir, entry.json, used, packs dir) of ``key`` as plain strings: listings of
+        thousands of entries (``ls``) would spend most of their time building Paths."""
+        entry = os.path.join(self._entries, key[:2], key)
+        return (entry, os.path.join(entry, "entry.json"), os.path.join(entry, "used"),
+                os.path.join(entry, "packs"))
+
     # -- elsewhere -------------------------------------------------------------------------------
+    def miss_file(self, key: str) -> Path:
+        return self.misses_dir / f"{key}.json"
+
     def stats_shard(self, n: int) -> Path:
         return self.stats_dir / f"shard-{n}.json"
 

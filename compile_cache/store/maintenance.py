@@ -13,23 +13,35 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .. import config
 from .._paths import is_temp_name
 from .._sizes import format_size
 from ..errors import CorruptPackError
 from ..locks import optional_lock
 from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
-from . import generations
-from ._io import read_json_file, read_nofollow
-from .pack import IncompatiblePackError, content_hash, decode_pack, encode_pack
+from . import generations, stats
+from ._io import check_seconds, open_nofollow, read_json_file
+from .pack import IncompatiblePackError, SignatureMismatchError, content_hash, encode_pack
 from .records import CompactReport, EntryInfo, VerifyReport
+from .safety import trust_problem
 
 if TYPE_CHECKING:
     from .core import Store
 
-__all__ = ["ORPHAN_AGE", "QUARANTINE_KEEP", "clear", "compact", "enforce_cap", "remove_entries",
-           "verify"]
+__all__ = [
+    "ORPHAN_AGE",
+    "QUARANTINE_KEEP",
+    "clear",
+    "compact",
+    "enforce_cap",
+    "evict",
+    "recount_size",
+    "remove_entries",
+    "total_size",
+    "verify",
+]
 
 logger = logging.getLogger("compile_cache")
 
@@ -40,25 +52,57 @@ QUARANTINE_KEEP = 7 * 86400.0
 
 
 def total_size(store: Store) -> int:
-    """Bytes in all entries, from stat calls only (cheap enough to run after every publish)."""
-    total = 0
+    """Bytes in all entries, from stat calls only: a walk of the whole store (maintenance only;
+    a publish reads the size counter instead, :func:`~.stats.tracked_size`)."""
+    return sum(size for _key, size, _used in _usage(store))
+
+
+def recount_size(store: Store) -> int:
+    """Walk the store and set the size counter to its exact size; return it."""
+    exact = total_size(store)
+    stats.correct_size(store, exact)
+    return exact
+
+
+def _usage(store: Store) -> list[tuple[str, int, float]]:
+    """``(key, bytes, last used)`` of every entry, from stat calls only (no pack is opened)."""
+    out = []
     for key in store.layout.keys():
+        size, newest = 0, 0.0
         for directory in (store.layout.entry_dir(key), store.layout.packs_dir(key)):
             with contextlib.suppress(OSError), os.scandir(directory) as it:
                 for item in it:
                     with contextlib.suppress(OSError):
                         if item.is_file(follow_symlinks=False):
-                            total += item.stat(follow_symlinks=False).st_size
-    return total
+                            st = item.stat(follow_symlinks=False)
+                            size += st.st_size
+                            newest = max(newest, st.st_mtime)
+        try:
+            used = os.stat(store.layout.used_file(key)).st_mtime
+        except OSError:
+            used = newest
+        out.append((key, size, used))
+    return out
 
 
 def enforce_cap(store: Store, protect: set[str]) -> None:
-    """Evict least-recently-used entries (never those in ``protect``) above the size cap."""
-    if total_size(store) <= store.max_size:
+    """Evict least-recently-used entries (never those in ``protect``) above the size cap.
+
+    The size comes from the counters (a few small files, however many packs the store holds);
+    only a store above its cap, or one whose size was never counted, is walked, by one process
+    at a time (the ``evict`` lock; the others go on: that process does the job).
+    """
+    size, calibrated = stats.tracked_size(store)
+    if calibrated and size <= store.max_size:
         return
     lock = store._lock_at(store.layout.lock_base("evict"), timeout=0)
     with optional_lock(lock) as held:
-        if held:  # another process evicting now does the job for us
+        if not held:  # another process evicting now does the job for us
+            return
+        size, calibrated = stats.tracked_size(store)
+        if not calibrated:  # a store filled before its size was counted: count it once
+            size = recount_size(store)
+        if size > store.max_size:
             remove_entries(store, store.max_size, None, None, False, protect=protect)
 
 
@@ -66,24 +110,29 @@ def remove_entries(
     store: Store, max_size: int | None, older_than: float | None, keys: set[str] | None,
     dry_run: bool, protect: set[str],
 ) -> list[EntryInfo]:
-    """Choose the entries ``evict`` removes (the union of its criteria) and remove them."""
-    entries = sorted(store.entries(), key=lambda e: (e.last_used, e.key))
-    chosen: dict[str, EntryInfo] = {}
+    """Choose the entries ``evict`` removes (the union of its criteria) and remove them.
+
+    Chosen from stat calls only; only the chosen entries' pack headers are read (for the
+    :class:`EntryInfo` returned).
+    """
+    usage = sorted(_usage(store), key=lambda u: (u[2], u[0]))
+    chosen: dict[str, int] = {}
     if keys:
-        chosen.update((e.key, e) for e in entries if e.key in keys)
+        chosen.update((k, size) for k, size, _used in usage if k in keys)
     if older_than is not None:
         cutoff = time.time() - older_than
-        chosen.update((e.key, e) for e in entries if e.last_used < cutoff)
+        chosen.update((k, size) for k, size, used in usage if used < cutoff)
     if max_size is not None:
-        total = sum(e.size for e in entries if e.key not in chosen)
-        for e in entries:
+        total = sum(size for k, size, _used in usage if k not in chosen)
+        for k, size, _used in usage:
             if total <= max_size:
                 break
-            if e.key in chosen or e.key in protect:
+            if k in chosen or k in protect:
                 continue
-            chosen[e.key] = e
-            total -= e.size
-    removed = sorted(chosen.values(), key=lambda e: (e.last_used, e.key))
+            chosen[k] = size
+            total -= size
+    infos = [EntryInfo.read(store.layout, k) for k in chosen]
+    removed = sorted((e for e in infos if e is not None), key=lambda e: (e.last_used, e.key))
     if dry_run:
         return removed
     done = []
@@ -91,10 +140,20 @@ def remove_entries(
         if remove_entry_dir(store, e.path):
             done.append(e)
     if done:
-        store._bump(evictions=len(done), evicted_bytes=sum(e.size for e in done))
-        logger.info("evicted %d entries (%s)", len(done), format_size(sum(e.size for e in done)))
+        freed = sum(e.size for e in done)
+        store._bump(evictions=len(done), evicted_bytes=freed, stored_bytes=-freed)
+        logger.info("evicted %d entries (%s)", len(done), format_size(freed))
     prune_quarantine(store, QUARANTINE_KEEP)
     return done
+
+
+def evict(store: Store, max_size: int | None, older_than: float | None, keys: set[str] | None,
+          dry_run: bool) -> list[EntryInfo]:
+    """``Store.evict``: remove entries, then set the size counter exact (prune walks anyway)."""
+    removed = remove_entries(store, max_size, older_than, keys, dry_run, protect=set())
+    if not dry_run:
+        recount_size(store)
+    return removed
 
 
 def remove_entry_dir(store: Store, path: Path) -> bool:
@@ -134,6 +193,7 @@ def clear(store: Store) -> int:
     for key in list(store.layout.keys()):
         count += remove_entry_dir(store, store.layout.entry_dir(key))
     prune_quarantine(store, -1.0)
+    recount_size(store)
     return count
 
 
@@ -145,8 +205,12 @@ def _remove_path(path: Path) -> None:
             path.unlink()
 
 
-def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float) -> VerifyReport:
-    """See :meth:`Store.verify`."""
+def verify(
+    store: Store, fix: bool, temp_age: float, lock_stale_after: float | None, labels: Any = None,
+) -> VerifyReport:
+    """See :meth:`Store.verify` (``lock_stale_after`` None: ``COMPILE_CACHE_LOCK_STALE``)."""
+    stale = config.LOCK_STALE.value() if lock_stale_after is None else lock_stale_after
+    lock_stale_after = check_seconds("lock_stale_after", stale)
     layout = store.layout
     report = VerifyReport(fixed=bool(fix))
     now = time.time()
@@ -174,15 +238,29 @@ def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float) ->
                         if fix:
                             with contextlib.suppress(OSError):
                                 os.unlink(directory / name)
+        for directory in (entry.parent, entry, layout.packs_dir(key)):
+            with contextlib.suppress(OSError):
+                problem = trust_problem(os.lstat(directory), directory, store.shared_group)
+                if problem is not None:
+                    report.untrusted.append((directory, problem.message))
         packs = layout.pack_paths(key)
         for path in packs:
             report.checked_packs += 1
             try:
-                decode_pack(read_nofollow(path), signing_key=store.signing_key, key=key)
+                fh = open_nofollow(path)
+                problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
+                if problem is not None:
+                    fh.close()
+                    report.untrusted.append((path, problem.message))
+                    continue
+                # The same checks as a restoring job's load (limits, checksum, signature, members).
+                store._check_pack(path, fh, key, labels).close()
             except FileNotFoundError:
                 continue
             except IncompatiblePackError:
                 report.incompatible_packs.append(path)
+            except SignatureMismatchError:
+                report.other_signer_packs.append(path)
             except (CorruptPackError, OSError) as exc:
                 report.corrupt_packs.append((path, str(exc)))
                 if fix:
@@ -235,6 +313,10 @@ def verify(store: Store, fix: bool, temp_age: float, lock_stale_after: float) ->
                     path.unlink(missing_ok=True)
     if fix:
         report.old_quarantine = prune_quarantine(store, QUARANTINE_KEEP)
+    exact = total_size(store)
+    report.size_drift = stats.tracked_size(store)[0] - exact
+    if fix and not store.read_only:
+        stats.correct_size(store, exact)
     return report
 
 
@@ -255,6 +337,15 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
     if dry_run:
         return report
     loaded = {p.info.name: p for p in store.load(key)}
+    try:
+        return _merge(store, key, report, merged, loaded)
+    finally:
+        for pack in loaded.values():
+            pack.close()
+
+
+def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
+           loaded: dict[str, Any]) -> CompactReport | None:
     described = [loaded[p.name] for p in merged if p.name in loaded]
     if len(described) != len(merged):
         return None  # changed under us (evicted, quarantined): the next run compacts
@@ -262,6 +353,8 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
     names = {p.info.name for p in described}
     members = {name: loaded[src].members[name] for name, src in selection.sources.items()
                if src in names}
+    member_info = {name: loaded[src].members.info(name) for name, src in selection.sources.items()
+                   if name in members}
     digests = {name: d for name, d in selection.wanted.items() if name in members and d}
     always: set[str] = set()
     isa: dict[str, object] = {}
@@ -273,19 +366,25 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
         selection.units, always, digests)
     metadata["isa_probe"] = {k: v for k, v in isa.items() if k in members} or None
     metadata["compacted"] = len(described)
-    name = content_hash(members)
+    name = content_hash(members, store.signer)
     target = store.layout.pack_path(key, name)
+    added = 0  # what the store's size counter gains (the merged pack) and loses (the merged ones)
     if members and not target.exists():
         _, chunks, size = encode_pack(
             key, members, metadata, signing_key=store.signing_key, name=name,
             created=max(p.info.created for p in described),
             compile_seconds=sum(p.info.compile_seconds for p in described),
+            member_info=member_info,
         )
-        store._write(target, chunks)
+        if store._write(target, chunks):
+            added += size
     for pack in described:
         if pack.info.name != name:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pack.info.path)
+                added -= pack.info.size
+    if added:
+        store._bump(stored_bytes=added)
     report.written = target if members else None
     with contextlib.suppress(OSError):
         report.bytes_after = os.lstat(target).st_size if members else 0

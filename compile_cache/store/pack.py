@@ -7,10 +7,15 @@ Pack format (all integers little-endian)::
     body:              u32 header length | header (UTF-8 JSON) | member bytes, in header order
 
 The header holds the format, creation time, torch version, host, key, caller metadata, the
-compile seconds and the member table (name, size). The SHA-256 detects any flipped byte or
-truncation; with a signing key (``COMPILE_CACHE_SIGNING_KEY``), packs are signed and unsigned or
-altered packs are rejected (the HMAC covers the body digest, hence every byte). A pack is named
-by :func:`content_hash` of its members. This module knows bytes, not where packs live.
+compile seconds and the member table (name, size, and what the capture recorded of the file,
+e.g. ``file_size``). The SHA-256 detects any flipped byte or truncation; with a signing key
+(``COMPILE_CACHE_SIGNING_KEY``), packs are signed and the header names the signer (a key id
+that reveals nothing of the key). A pack is named by :func:`content_hash` of its members (and
+signer). This module knows bytes, not where packs live.
+
+Reading a whole pack, bounded, is :mod:`.reader`'s job; this module has the pieces it checks
+first: :func:`check_prefix` (magic, format, size and :class:`PackLimits`, from the 84-byte
+prefix alone) and the header parser.
 """
 
 from __future__ import annotations
@@ -22,38 +27,91 @@ import os
 import struct
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .._paths import HOSTNAME, check_key, check_member_name
 from ..errors import CorruptPackError
 from ._io import json_bytes, torch_version
 
 __all__ = [
+    "CHUNK",
     "FLAG_SIGNED",
     "FORMAT_VERSION",
     "MAGIC",
+    "PREFIX_SIZE",
     "IncompatiblePackError",
+    "PackLimitError",
+    "PackLimits",
+    "SignatureMismatchError",
     "check_member_bytes",
+    "check_prefix",
     "content_hash",
-    "decode_pack",
     "encode_pack",
     "is_signed",
+    "prefix_usable",
     "read_pack_header",
+    "signer_id",
 ]
 
 FORMAT_VERSION = 1
 MAGIC = b"CCPACK\r\n"
 _PREFIX = struct.Struct("<8sHHQ32s32s")
+#: The pack's fixed-size prefix: everything :func:`check_prefix` needs.
+PREFIX_SIZE = _PREFIX.size
 _SIGNED_PART = 8 + 2 + 2 + 8 + 32  # magic, format, flags, length, body digest: what the HMAC covers
 FLAG_SIGNED = 0x1
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-MAX_HEADER_BYTES = 64 << 20
+#: A header (JSON) longer than this is refused before it is read: a real one is well under 1 MiB.
+MAX_HEADER_BYTES = 16 << 20
+#: Bytes read at a time: the checksum pass, member copies.
+CHUNK = 1 << 20
 
 
 class IncompatiblePackError(CorruptPackError):
     """A pack written in another format version: a miss here, but left in place for its writer."""
+
+
+class PackLimitError(CorruptPackError):
+    """A pack larger, or with more or longer-named members, than the limits allow (refused unread)."""
+
+
+class SignatureMismatchError(CorruptPackError):
+    """A pack signed with another key, or unsigned, while this reader has a signing key.
+
+    A miss for this reader only: another reader may hold the right key, so it is not quarantined.
+    """
+
+
+@dataclass(frozen=True)
+class PackLimits:
+    """The bounds a pack must stay within, checked from its prefix and header."""
+
+    max_pack_size: int
+    max_members: int
+    max_name: int
+
+    @classmethod
+    def from_config(cls) -> PackLimits:
+        """``COMPILE_CACHE_MAX_PACK_SIZE``, ``_MAX_PACK_MEMBERS``, ``_MAX_MEMBER_NAME`` (or defaults)."""
+        return cls(config.MAX_PACK_SIZE.value(), config.MAX_PACK_MEMBERS.value(), config.MAX_MEMBER_NAME.value())
+
+    def problem(self, size: int, count: int, longest: int) -> str | None:
+        """Why a pack of ``size`` bytes with ``count`` members, the longest name ``longest``
+        characters, breaks the limits, or None."""
+        if size > self.max_pack_size:
+            return (f"pack of {size} bytes is over the limit of {self.max_pack_size} "
+                    "(COMPILE_CACHE_MAX_PACK_SIZE)")
+        if count > self.max_members:
+            return (f"pack of {count} members is over the limit of {self.max_members} "
+                    "(COMPILE_CACHE_MAX_PACK_MEMBERS)")
+        if longest > self.max_name:
+            return (f"pack has a member name of {longest} characters, over the limit of "
+                    f"{self.max_name} (COMPILE_CACHE_MAX_MEMBER_NAME)")
+        return None
 
 
 def check_member_bytes(name: str, value: object) -> bytes | bytearray | memoryview:
@@ -62,13 +120,32 @@ def check_member_bytes(name: str, value: object) -> bytes | bytearray | memoryvi
     return value
 
 
-def content_hash(members: Mapping[str, bytes | bytearray | memoryview]) -> str:
-    """The pack name: 32 hex digits of SHA-256 over the members' names and bytes, in name order."""
+def signer_id(signing_key: bytes | None) -> str | None:
+    """The id a key signs under (16 hex digits of an HMAC of a constant): names the key, hides it."""
+    if not signing_key:
+        return None
+    return hmac.new(signing_key, b"compile_cache-signer-1", hashlib.sha256).hexdigest()[:16]
+
+
+def _content_digest(signer: str | None) -> Any:
     digest = hashlib.sha256(b"compile_cache-pack-content-1\0")
+    if signer:  # packs of different signers never share a name (nor block each other's publish)
+        digest.update(b"signer\0" + signer.encode() + b"\0")
+    return digest
+
+
+def _add_member(digest: Any, name: str, size: int) -> None:
+    encoded = name.encode("utf-8", "surrogatepass")
+    digest.update(_U32.pack(len(encoded)) + encoded + _U64.pack(size))
+
+
+def content_hash(members: Mapping[str, bytes | bytearray | memoryview], signer: str | None = None) -> str:
+    """The pack name: 32 hex digits of SHA-256 over the members' names and bytes, in name order
+    (and the signer's id, for signed packs)."""
+    digest = _content_digest(signer)
     for name in sorted(members):
         data = members[name]
-        encoded = name.encode("utf-8", "surrogatepass")
-        digest.update(_U32.pack(len(encoded)) + encoded + _U64.pack(len(data)))
+        _add_member(digest, name, len(data))
         digest.update(data)
     return digest.hexdigest()[:32]
 
@@ -82,19 +159,27 @@ def encode_pack(
     signing_key: bytes | None = None,
     created: float | None = None,
     name: str | None = None,
+    member_info: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[str, list[bytes | bytearray | memoryview], int]:
     """Encode a pack: ``(content hash, chunks to write in order, total size)``.
 
     Validates ``key``, every member name (:class:`UnsafePathError`), that members are bytes
     (``TypeError``) and that ``metadata`` is JSON-serialisable (``TypeError``/``ValueError``).
-    Member bytes are not copied: the chunks reference them. ``name``: the content hash if the
-    caller already computed it.
+    ``member_info``: per member, what the capture recorded of its file (``{"file_size": n}``),
+    kept in the member table and checked on restore. Member bytes are not copied: the chunks
+    reference them. ``name``: the content hash if the caller already computed it.
     """
     check_key(key)
     names = sorted(members)
     for member_name in names:
         check_member_name(member_name)
         check_member_bytes(member_name, members[member_name])
+    signer = signer_id(signing_key)
+    table = []
+    for n in names:
+        entry = {k: v for k, v in (member_info or {}).get(n, {}).items() if k not in ("name", "size")}
+        entry.update(name=n, size=len(members[n]))
+        table.append(entry)
     header = {
         "format": FORMAT_VERSION,
         "created": time.time() if created is None else created,
@@ -104,8 +189,10 @@ def encode_pack(
         "key": key,
         "compile_seconds": float(compile_seconds),
         "metadata": dict(metadata or {}),
-        "members": [{"name": n, "size": len(members[n])} for n in names],
+        "members": table,
     }
+    if signer:
+        header["signer"] = signer
     header_bytes = json_bytes(header)
     body_head = _U32.pack(len(header_bytes)) + header_bytes
     digest = hashlib.sha256(body_head)
@@ -119,103 +206,82 @@ def encode_pack(
     prefix = signed_part + mac
     chunks: list[bytes | bytearray | memoryview] = [prefix, body_head]
     chunks.extend(members[n] for n in names)
-    return name or content_hash(members), chunks, len(prefix) + body_len
+    return name or content_hash(members, signer), chunks, len(prefix) + body_len
 
 
-def _parse_prefix(data: bytes, *, signing_key: bytes | None) -> tuple[int, int, int]:
-    """Check magic, format and (if a key is set) the signature; return (format, flags, body_len)."""
-    if len(data) < _PREFIX.size:
-        raise CorruptPackError(f"truncated pack: {len(data)} bytes, shorter than its {_PREFIX.size}-byte prefix")
-    magic, fmt, flags, body_len, _digest, mac = _PREFIX.unpack_from(data)
+# -- the first checks of a reader (compile_cache.store.reader) ---------------------------------------
+def _parse_prefix(prefix: bytes) -> tuple[int, int, bytes, bytes]:
+    """Magic and format of a prefix; return (flags, body_len, body digest, mac)."""
+    if len(prefix) < _PREFIX.size:
+        raise CorruptPackError(f"truncated pack: {len(prefix)} bytes, shorter than its {_PREFIX.size}-byte prefix")
+    magic, fmt, flags, body_len, digest, mac = _PREFIX.unpack_from(prefix)
     if magic != MAGIC:
         raise CorruptPackError("not a compile_cache pack (bad magic)")
     if fmt != FORMAT_VERSION:
         raise IncompatiblePackError(f"pack format {fmt}, this compile_cache reads format {FORMAT_VERSION}")
-    if signing_key:
-        if not flags & FLAG_SIGNED:
-            raise CorruptPackError("unsigned pack rejected: COMPILE_CACHE_SIGNING_KEY is set")
-        expected = hmac.new(signing_key, data[:_SIGNED_PART], hashlib.sha256).digest()
-        if not hmac.compare_digest(mac, expected):
-            raise CorruptPackError("pack signature does not match COMPILE_CACHE_SIGNING_KEY")
-    return fmt, flags, body_len
+    return flags, body_len, digest, mac
 
 
-def _parse_header(body_head: bytes, body_len: int) -> tuple[dict[str, Any], int]:
-    if len(body_head) < 4:
-        raise CorruptPackError("truncated pack header")
-    (header_len,) = _U32.unpack_from(body_head)
-    if header_len > min(body_len - 4, MAX_HEADER_BYTES) or len(body_head) < 4 + header_len:
-        raise CorruptPackError("truncated or oversized pack header")
+def check_prefix(prefix: bytes, size: int, limits: PackLimits) -> tuple[int, int, bytes, bytes]:
+    """Check a pack's first bytes against the file's ``size`` and the limits, before anything
+    else is read; return (flags, body_len, body digest, mac)."""
+    flags, body_len, digest, mac = _parse_prefix(prefix)
+    total = _PREFIX.size + body_len
+    problem = limits.problem(total, 0, 0)
+    if problem:
+        raise PackLimitError(problem)
+    if size != total:
+        raise CorruptPackError(f"truncated pack: {size} bytes on disk, its prefix says {total}")
+    return flags, body_len, digest, mac
+
+
+def _signature_ok(prefix: bytes, flags: int, mac: bytes, signing_key: bytes) -> str | None:
+    """None when the prefix carries a valid signature by ``signing_key``, else why not."""
+    if not flags & FLAG_SIGNED:
+        return "unsigned pack: COMPILE_CACHE_SIGNING_KEY is set"
+    expected = hmac.new(signing_key, prefix[:_SIGNED_PART], hashlib.sha256).digest()
+    if not hmac.compare_digest(mac, expected):
+        return "pack signature does not match COMPILE_CACHE_SIGNING_KEY"
+    return None
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(bytes(body_head[4 : 4 + header_len]).decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptPackError(f"pack header is not JSON: {exc}") from exc
     if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
         raise CorruptPackError("pack header is not a format-1 header object")
-    table = header.get("members")
-    if not isinstance(table, list):
+    if not isinstance(header.get("members"), list):
         raise CorruptPackError("pack header has no member table")
-    return header, 4 + header_len
+    return header
 
 
-def decode_pack(
-    data: bytes, *, signing_key: bytes | None = None, key: str | None = None
-) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Check and decode a whole pack: ``(header, members)``.
-
-    Raises :class:`IncompatiblePackError` for another format version, :class:`UnsafePathError`
-    for an unsafe member name, and :class:`CorruptPackError` for anything else wrong: bad magic,
-    truncation, checksum or signature mismatch, a header that lies about sizes, a ``key`` other
-    than the expected one.
-    """
-    _fmt, _flags, body_len = _parse_prefix(data, signing_key=signing_key)
-    if len(data) != _PREFIX.size + body_len:
-        raise CorruptPackError(
-            f"truncated pack: {len(data)} bytes on disk, its prefix says {_PREFIX.size + body_len}"
-        )
-    view = memoryview(data)[_PREFIX.size :]
-    if hashlib.sha256(view).digest() != _PREFIX.unpack_from(data)[4]:
-        raise CorruptPackError("pack checksum mismatch: its bytes were altered or damaged")
-    header, offset = _parse_header(view, body_len)
-    if key is not None and header.get("key") != key:
-        raise CorruptPackError(f"pack belongs to key {header.get('key')!r}, found under {key!r}")
-    members: dict[str, bytes] = {}
-    for item in header["members"]:
-        if not isinstance(item, dict):
-            raise CorruptPackError("bad member table entry")
-        name, size = item.get("name"), item.get("size")
-        check_member_name(name)
-        assert isinstance(name, str)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > body_len:
-            raise CorruptPackError(f"member {name!r} has a bad size {size!r}")
-        if name in members:
-            raise CorruptPackError(f"duplicate member {name!r}")
-        members[name] = bytes(view[offset : offset + size])
-        offset += size
-    if offset != body_len:
-        raise CorruptPackError("pack has bytes its member table does not account for")
-    return header, members
-
-
-def read_pack_header(path: Path) -> tuple[dict[str, Any], int, bool]:
+def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:
     """Read only a pack's header (no checksum): ``(header, flags-signed, body_len)``. For listings."""
     with open(path, "rb") as fh:
         prefix = fh.read(_PREFIX.size + 4)
         if len(prefix) < _PREFIX.size + 4:
             raise CorruptPackError("truncated pack")
-        magic, fmt, flags, body_len, _d, _m = _PREFIX.unpack_from(prefix)
-        if magic != MAGIC:
-            raise CorruptPackError("not a compile_cache pack (bad magic)")
-        if fmt != FORMAT_VERSION:
-            raise IncompatiblePackError(f"pack format {fmt}")
+        flags, body_len, _d, _m = _parse_prefix(prefix)
         (header_len,) = _U32.unpack_from(prefix, _PREFIX.size)
         if header_len > min(body_len - 4, MAX_HEADER_BYTES):
             raise CorruptPackError("oversized pack header")
-        head = prefix[_PREFIX.size :] + fh.read(header_len)
-    header, _ = _parse_header(head, body_len)
-    return header, bool(flags & FLAG_SIGNED), body_len
+        raw = fh.read(header_len)
+        if len(raw) != header_len:
+            raise CorruptPackError("truncated pack header")
+    return _parse_header(raw), bool(flags & FLAG_SIGNED), body_len
 
 
+def prefix_usable(path: Path, signing_key: bytes | None) -> bool:
+    """Whether the pack at ``path`` carries a signature ``signing_key`` accepts (prefix only)."""
+    try:
+        with open(path, "rb") as fh:
+            prefix = fh.read(_PREFIX.size)
+        flags, _len, _digest, mac = _parse_prefix(prefix)
+    except (OSError, CorruptPackError):
+        return False
+    return signing_key is None or _signature_ok(prefix, flags, mac, signing_key) is None
 
 
 def is_signed(data: bytes) -> bool:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptPackError
 from ._io import read_json_file
-from .layout import Layout
+from .layout import PACK_RE, Layout
 from .pack import read_pack_header
 
 __all__ = ["CompactReport", "EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
@@ -33,6 +33,8 @@ class PackInfo:
     signed: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     member_names: tuple[str, ...] = ()
+    #: The id of the key that signed it (``Store.signer``), None for unsigned/older packs.
+    signer: str | None = None
 
     @classmethod
     def _from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
@@ -51,16 +53,28 @@ class PackInfo:
             member_names=tuple(
                 m["name"] for m in table if isinstance(m, dict) and isinstance(m.get("name"), str)
             ),
+            signer=header.get("signer") if isinstance(header.get("signer"), str) else None,
         )
 
 
 @dataclass(frozen=True)
 class Pack:
-    """A loaded, verified pack: ``members`` maps safe relative names to bytes."""
+    """A loaded, verified pack: ``members`` maps safe relative names to bytes.
 
-    members: dict[str, bytes]
+    ``members`` reads from the open pack file on demand (a
+    :class:`~compile_cache.store.reader.PackMembers`: ``chunks(name)`` streams a member,
+    ``size(name)``/``info(name)`` read only the member table); :meth:`close` closes the file.
+    """
+
+    members: Mapping[str, bytes]
     header: dict[str, Any]
     info: PackInfo
+
+    def close(self) -> None:
+        """Close the pack file now (also done when the pack is garbage-collected)."""
+        close = getattr(self.members, "close", None)
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -78,38 +92,42 @@ class EntryInfo:
     @classmethod
     def read(cls, layout: Layout, key: str) -> EntryInfo | None:
         """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
-        entry = layout.entry_dir(key)
+        entry, entry_json, used, packs_dir = layout.entry_strings(key)
         try:
-            names = os.listdir(entry)
-        except (FileNotFoundError, NotADirectoryError):
+            scan = list(os.scandir(entry))
+        except OSError:  # gone, or unreadable (EACCES, ESTALE): nothing to list
             return None
-        metadata, _garbage = read_json_file(layout.entry_json(key))
+        metadata, _garbage = read_json_file(entry_json)  # type: ignore[arg-type]
         size = 0
         mtimes: list[float] = []
-        for name in names:
+        for item in scan:
             with contextlib.suppress(OSError):
-                st = os.lstat(entry / name)
-                if stat.S_ISREG(st.st_mode):
-                    size += st.st_size
+                if item.is_file(follow_symlinks=False):  # regular files only, as lstat says
+                    size += item.stat(follow_symlinks=False).st_size
         packs: list[PackInfo] = []
-        for path in layout.pack_paths(key):
+        try:
+            names = sorted(n for n in os.listdir(packs_dir) if PACK_RE.fullmatch(n))
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(packs_dir, name)
             try:
                 st = os.lstat(path)
                 size += st.st_size
                 mtimes.append(st.st_mtime)
-                header, signed, _ = read_pack_header(path)
-                packs.append(PackInfo._from_header(key, path.stem, path, st.st_size, header, signed))
+                header, signed, _ = read_pack_header(path)  # type: ignore[arg-type]
+                packs.append(PackInfo._from_header(key, name[:-5], Path(path), st.st_size, header, signed))
             except (OSError, CorruptPackError):
                 continue
         try:
-            last_used = os.stat(layout.used_file(key)).st_mtime
+            last_used = os.stat(used).st_mtime
         except OSError:
             last_used = max(mtimes, default=0.0)
         created = float((metadata or {}).get("created") or 0.0) or min(
             [p.created for p in packs] or [last_used]
         )
         return cls(key=key, metadata=metadata or {}, packs=tuple(packs), size=size,
-                   created=created, last_used=last_used, path=entry)
+                   created=created, last_used=last_used, path=Path(entry))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (for ``ls --json``)."""
@@ -135,6 +153,10 @@ class VerifyReport:
     checked_packs: int = 0
     corrupt_packs: list[tuple[Path, str]] = field(default_factory=list)
     incompatible_packs: list[Path] = field(default_factory=list)
+    #: Packs signed with another key (or unsigned, with a key set): another reader's, not a problem.
+    other_signer_packs: list[Path] = field(default_factory=list)
+    #: Directories and packs another user owns or can write: refused by every load.
+    untrusted: list[tuple[Path, str]] = field(default_factory=list)
     orphaned_temp: list[Path] = field(default_factory=list)
     stale_locks: list[Path] = field(default_factory=list)
     bad_entries: list[Path] = field(default_factory=list)
@@ -143,14 +165,17 @@ class VerifyReport:
     old_quarantine: list[Path] = field(default_factory=list)
     #: Entries whose packs hold superseded generations (not a problem; ``fix`` compacts them).
     compactable: list[CompactReport] = field(default_factory=list)
+    #: Bytes the size counter (the cap's measure) is off by: counted minus found; ``fix`` zeroes it.
+    size_drift: int = 0
     fixed: bool = False
 
     @property
     def ok(self) -> bool:
-        """No problem found (incompatible packs of another version are not a problem)."""
+        """No problem found (packs of another format version, or signed with another key, are
+        not a problem: they are other readers')."""
         return not (
             self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
-            or self.bad_stats or self.empty_entries
+            or self.bad_stats or self.empty_entries or self.untrusted
         )
 
     def to_dict(self) -> dict[str, Any]:

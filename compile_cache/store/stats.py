@@ -3,8 +3,23 @@
 Each process adds to one of :data:`STATS_SHARDS` shard files (chosen by host and pid), under a
 short lock, read-modify-write; ``stats`` sums the shards. A count that cannot be written now
 (lock busy, read-only or vanished store, I/O error) is kept in memory and goes out with the next
-one. One definition of a hit: the caller restored the key's packs and they worked
-(:meth:`Store.record_hit`).
+one.
+
+The store's size is a counter too (``stored_bytes``): publishes and imports add what they
+wrote, evictions and quarantine take away what they removed, so checking the size cap after a
+publish reads a few small shard files instead of walking a store of thousands of packs
+(:func:`tracked_size`). Files removed by hand make it drift; ``verify``, ``prune`` and ``clear``
+walk the store anyway and set it to the exact size (:func:`correct_size`, which also counts
+``size_recounts``: a store whose size was never counted that way has not been calibrated).
+
+One meaning of "hit", decided per start (``compile_regions`` and its first forwards, see
+:mod:`compile_cache.session`) by :func:`record_outcome`:
+
+``hits``          packs were restored and the start compiled nothing new
+``partial_hits``  packs were restored, then new graphs compiled (new shapes, the backward)
+``misses``        nothing restored from the store, and the start compiled
+``local_hits``    nothing restored from the store, but torch's own local cache had every graph
+                  (the store was not needed: not counted in the hit rate)
 """
 
 from __future__ import annotations
@@ -24,14 +39,28 @@ from ._io import json_bytes, read_json_file
 if TYPE_CHECKING:
     from .core import Store
 
-__all__ = ["COUNTERS", "STATS_SHARDS", "add_counts", "bump", "shard_index", "summary", "zero"]
+__all__ = [
+    "COUNTERS",
+    "OUTCOMES",
+    "STATS_SHARDS",
+    "add_counts",
+    "bump",
+    "correct_size",
+    "record_outcome",
+    "shard_index",
+    "summary",
+    "tracked_size",
+    "zero",
+]
 
 logger = logging.getLogger("compile_cache")
 
 STATS_SHARDS = 8
 COUNTERS: tuple[str, ...] = (
     "hits",
+    "partial_hits",
     "misses",
+    "local_hits",
     "errors",
     "corrupt",
     "incompatible",
@@ -44,8 +73,18 @@ COUNTERS: tuple[str, ...] = (
     "evicted_bytes",
     "backend_fallbacks",
     "capture_fallbacks",
+    "stored_bytes",
+    "size_recounts",
+    "signature_mismatch",
+    "load_failures",
+    "lock_fallbacks",
+    "untrusted",
 )
 _GARBAGE_SHARD = {"errors": 1, "errors_by_kind": {"stats_file": 1}}
+#: a start's outcome -> the counter it bumps
+OUTCOMES: dict[str, str] = {
+    "hit": "hits", "partial": "partial_hits", "miss": "misses", "local": "local_hits",
+}
 
 
 def shard_index() -> int:
@@ -91,9 +130,63 @@ def bump(store: Store, delta: Mapping[str, Any]) -> None:
         logger.debug("could not update stats %s: %s", shard, exc)
 
 
-def summary(store: Store) -> dict[str, Any]:
-    """Counters summed over all processes, plus the store's size, cap and location (see
-    :meth:`Store.stats` for the keys)."""
+def saved_seconds(store: Store, key: str) -> float:
+    """The compile seconds the key's packs recorded: what restoring them saved."""
+    from ..errors import CorruptPackError
+    from .pack import read_pack_header
+
+    total = 0.0
+    for path in store.layout.pack_paths(key):
+        with contextlib.suppress(OSError, CorruptPackError, TypeError, ValueError):
+            total += float(read_pack_header(path)[0].get("compile_seconds") or 0.0)
+    return total
+
+
+def record_outcome(
+    store: Store, key: str, outcome: str, *, previous: str | None = None,
+    seconds_saved: float | None = None, nbytes: int = 0,
+) -> None:
+    """Count one start as ``outcome`` (a key of :data:`OUTCOMES`). ``previous``: the outcome this
+    start was counted as before (a hit that then compiled a new shape becomes a partial hit), so
+    that every start is counted once; restored bytes and saved seconds are counted only once."""
+    if outcome not in OUTCOMES or (previous is not None and previous not in OUTCOMES):
+        raise ValueError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}/{previous!r}")
+    if outcome == previous:
+        return
+    delta: dict[str, Any] = {OUTCOMES[outcome]: 1}
+    if previous is not None:
+        delta[OUTCOMES[previous]] = -1
+    elif outcome in ("hit", "partial"):
+        delta["seconds_saved"] = float(saved_seconds(store, key) if seconds_saved is None else seconds_saved)
+        delta["bytes_restored"] = int(nbytes)
+    bump(store, delta)
+
+
+def _footprint(store: Store) -> tuple[int, int, int]:
+    """(entries, packs, bytes) as :meth:`Store.entries` counts them (regular files of each
+    entry directory and its packs), from directory listings and lstat only: ``stats`` reads no
+    pack header and no ``entry.json``, so it stays quick on a store of thousands of entries."""
+    entries = packs = size = 0
+    layout = store.layout
+    for key in layout.keys():
+        try:
+            scan = list(os.scandir(layout.entry_dir(key)))
+        except OSError:
+            continue
+        entries += 1
+        for item in scan:
+            with contextlib.suppress(OSError):
+                if item.is_file(follow_symlinks=False):
+                    size += item.stat(follow_symlinks=False).st_size
+        for path in layout.pack_paths(key):
+            with contextlib.suppress(OSError):
+                size += os.lstat(path).st_size
+                packs += 1
+    return entries, packs, size
+
+
+def _totals(store: Store) -> dict[str, Any]:
+    """Every counter summed over the shards, plus this process's counts not written yet."""
     totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
     totals["errors_by_kind"] = {}
     stats_dir = store.layout.stats_dir
@@ -110,17 +203,39 @@ def summary(store: Store) -> dict[str, Any]:
         elif data:
             add_counts(totals, data)
     add_counts(totals, store._pending)
-    entries = store.entries()
-    size = sum(e.size for e in entries)
-    lookups = totals["hits"] + totals["misses"]
+    return totals
+
+
+def tracked_size(store: Store) -> tuple[int, bool]:
+    """The store's size from its counters (no walk), and whether it was ever calibrated by an
+    exact count (if not, the counter misses what was published before it existed)."""
+    totals = _totals(store)
+    return max(0, int(totals["stored_bytes"])), totals["size_recounts"] > 0
+
+
+def correct_size(store: Store, exact: int) -> None:
+    """Set the size counter to ``exact`` (a walk's result): adds the difference, counts a recount."""
+    current = int(_totals(store)["stored_bytes"])
+    bump(store, {"stored_bytes": int(exact) - current, "size_recounts": 1})
+    if current != exact:
+        logger.debug("compile cache %s: size counter corrected from %d to %d bytes",
+                     store.root, current, exact)
+
+
+def summary(store: Store) -> dict[str, Any]:
+    """Counters summed over all processes, plus the store's size, cap and location (see
+    :meth:`Store.stats` for the keys)."""
+    totals = _totals(store)
+    entries, packs, size = _footprint(store)
+    lookups = totals["hits"] + totals["partial_hits"] + totals["misses"]
     try:
         quarantined = len(os.listdir(store.layout.quarantine_dir))
     except OSError:
         quarantined = 0
     totals.update(
         hit_rate=(totals["hits"] / lookups) if lookups else None,
-        entries=len(entries),
-        packs=sum(len(e.packs) for e in entries),
+        entries=entries,
+        packs=packs,
         size=size,
         size_human=format_size(size),
         max_size=store.max_size,
@@ -135,10 +250,13 @@ def summary(store: Store) -> dict[str, Any]:
     return totals
 
 
-def zero(store: Store) -> None:
-    """Remove every shard (and forget the counts not written yet)."""
+def zero(store: Store, size: int | None = None) -> None:
+    """Remove every shard (and forget the counts not written yet); with ``size``, the size
+    counter starts again at that exact size (it is not a usage counter)."""
     store._pending = {}
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(store.layout.stats_dir):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(store.layout.stats_dir / name)
+    if size is not None:
+        correct_size(store, size)

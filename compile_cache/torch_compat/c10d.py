@@ -2,8 +2,10 @@
 
 ``c10d.default_store``: ``torch.distributed.distributed_c10d._get_default_store``. Polling the
 store (not a collective) lets a rank wait for another rank's compile without tripping NCCL's
-watchdog. Without it, waits fall back to ``dist.barrier()`` and the lazy cross-rank hazard check
-is skipped.
+watchdog, and lets ranks take shared decisions (``compare_set``) before any collective. Without
+it, a coordinated warm-up raises :class:`~compile_cache.errors.DistributedSetupError` (a
+collective fallback could pair with the job's own collectives), and the lazy cross-rank hazard
+check is skipped.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from typing import Any
 
 from . import available, capability
 
-__all__ = ["default_store"]
+__all__ = ["default_store", "why_no_store"]
 
 
 @capability(
     "c10d.default_store",
     needs="torch.distributed.distributed_c10d._get_default_store",
-    breaks="ranks wait for the compiling rank with collective barriers instead of polling the "
-    "job's store, and the lazy cross-rank hazard check is skipped",
+    breaks="a distributed warm-up (compile_regions with example_inputs, warm_up) raises "
+    "DistributedSetupError instead of coordinating the ranks, and the lazy cross-rank hazard "
+    "check is skipped",
 )
 def _probe_default_store() -> str | None:
     from torch.distributed import distributed_c10d
@@ -37,5 +40,19 @@ def default_store() -> Any | None:
 
     try:
         return _get_default_store()
-    except Exception:  # no default group / store: callers fall back to collectives
+    except Exception:  # no default group, or one made without a store (MPI)
         return None
+
+
+def why_no_store() -> str:
+    """Why :func:`default_store` gives None, in words for an error message."""
+    if not available("c10d.default_store"):
+        return ("this torch has no torch.distributed.distributed_c10d._get_default_store "
+                "(`python -m compile_cache doctor` shows the capability)")
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    try:
+        _get_default_store()
+    except Exception as exc:
+        return f"the default process group has no c10d store ({type(exc).__name__}: {exc})"
+    return "the default process group's c10d store is unavailable"

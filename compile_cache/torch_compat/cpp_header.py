@@ -178,7 +178,10 @@ def _install() -> None:
 
     original_pch = codecache._precompile_header
     original_worker = codecache._worker_compile_cpp
-    load_async_code = codecache.CppCodeCache.load_async.__func__.__code__
+    load_async = codecache.CppCodeCache.load_async.__func__
+    while getattr(load_async, "__wrapped__", None) is not None:  # under a wrapper (the load
+        load_async = load_async.__wrapped__  # guard): torch's own function calls the header build
+    load_async_code = load_async.__code__
 
     def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
         if sys._getframe(1).f_code is not load_async_code:  # AOTInductor and others: torch's

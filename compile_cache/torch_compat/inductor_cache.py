@@ -1,4 +1,8 @@
-"""Torch's local cache directories: where Inductor (and Triton under it) keeps compiled code.
+"""Torch's local cache directories, and loading what is cached there.
+
+Where Inductor (and Triton under it) keeps compiled code, and its precompiled headers; and the
+one hook around torch's load of a cached FX graph, so that an entry whose files torch cannot load
+is a miss that compiles, never a crash.
 
 Also the two facts a capture needs about files in them: the pack member name of a path
 (:func:`member_name`) and a compiled library's bytes read under torch's own lock for it
@@ -23,13 +27,26 @@ import re
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from . import available, capability
 
-__all__ = ["KernelFile", "cache_dir", "member_name", "read_locked"]
+__all__ = [
+    "LOAD_ERRORS",
+    "KernelFile",
+    "cache_dir",
+    "configured_cache_dir",
+    "default_cache_dir",
+    "guard_cache_loads",
+    "member_name",
+    "read_locked",
+    "redirect_header_dir",
+]
+
+log = logging.getLogger("compile_cache")
 
 _CACHE_DIR_MODULE = "torch._inductor.runtime.cache_dir_utils"
-log = logging.getLogger("compile_cache")
 
 
 @capability(
@@ -111,3 +128,154 @@ def read_locked(kernel: KernelFile, timeout: float = 30.0) -> bytes | None:
     except Exception as exc:
         log.debug("compile_cache: cannot read %s: %s", kernel.path, exc)
         return None
+
+
+def configured_cache_dir() -> str:
+    """The Inductor cache dir torch will use (``TORCHINDUCTOR_CACHE_DIR``, else its default),
+    without creating it: what the local-dir check looks at before torch does."""
+    return _replicated_rule()
+
+
+def default_cache_dir() -> str:
+    """Torch's default Inductor dir (``<tmp>/torchinductor_<user>``), whatever
+    ``TORCHINDUCTOR_CACHE_DIR`` says: Inductor keeps its precompiled headers there."""
+    saved = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    try:
+        return _replicated_rule()
+    finally:
+        if saved is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+# -- where Inductor keeps its precompiled headers ----------------------------------------------------
+_CODECACHE = "torch._inductor.codecache"
+
+
+@capability(
+    "inductor.header_dir",
+    needs=f"{_CODECACHE}._HEADER_DIR and _HEADER_LOCK_DIR",
+    breaks="when torch's default dir (<tmp>/torchinductor_<user>) is not safe, its precompiled "
+    "headers cannot be moved to a private directory (the other local dirs still are)",
+)
+def _probe_header_dir() -> str | None:
+    import importlib
+
+    module = importlib.import_module(_CODECACHE)
+    for name in ("_HEADER_DIR", "_HEADER_LOCK_DIR"):
+        if not isinstance(getattr(module, name, None), str):
+            return f"{_CODECACHE} has no string {name}"
+    return None
+
+
+def redirect_header_dir(directory: str) -> bool:
+    """Make Inductor build and read its precompiled headers under ``directory``; whether it could.
+
+    Torch keeps them in its default dir, computed once at import and not moved by
+    ``TORCHINDUCTOR_CACHE_DIR``; a header built by another user would be compiled into every
+    kernel of this process.
+    """
+    if not available("inductor.header_dir"):
+        return False
+    import importlib
+
+    module = importlib.import_module(_CODECACHE)
+    module._HEADER_DIR = directory
+    module._HEADER_LOCK_DIR = os.path.join(directory, "locks")
+    return True
+
+
+# -- a restored entry torch cannot load is a miss, not a crash ---------------------------------------
+@capability(
+    "inductor.load_guard",
+    needs=f"{_CODECACHE}.FxGraphCache.cache_hit_post_compile and CppCodeCache.load_async",
+    breaks="a restored library that torch cannot load (one dlopen refuses) raises in the job "
+    "instead of being built again (restore still refuses incomplete libraries)",
+)
+def _probe_load_guard() -> str | None:
+    import importlib
+
+    module = importlib.import_module(_CODECACHE)
+    cache = getattr(module, "FxGraphCache", None)
+    if not callable(getattr(cache, "cache_hit_post_compile", None)):
+        return f"{_CODECACHE}.FxGraphCache has no cache_hit_post_compile"
+    if not callable(getattr(getattr(module, "CppCodeCache", None), "load_async", None)):
+        return f"{_CODECACHE}.CppCodeCache has no load_async"
+    return None
+
+
+#: What a cached entry whose files are broken raises while torch loads it: dlopen/import of a
+#: library (ImportError, OSError), a build torch attempts for it (CppCompileError, a
+#: RuntimeError), an unpickling error.
+LOAD_ERRORS: tuple[type[BaseException], ...] = (ImportError, OSError, EOFError, RuntimeError, ValueError)
+_GUARD_MARK = "__compile_cache_load_guard__"
+_load_handlers: list[Callable[[BaseException], bool]] = []
+
+
+def _handled(exc: BaseException) -> bool:
+    return any(handle(exc) for handle in list(_load_handlers))
+
+
+def guard_cache_loads(handler: Callable[[BaseException], bool]) -> bool:
+    """Call ``handler(exc)`` when torch fails to load compiled code from its local cache; when it
+    returns True (it removed the broken files the error names), torch goes on as if they had
+    never been there. Two points, installed once per process:
+
+    * ``CppCodeCache.load_async``: loading a C++ library (a cache hit's kernel, or a fresh
+      compile whose library a restore already put in place) retries once, and torch builds the
+      removed library;
+    * ``FxGraphCache.cache_hit_post_compile``: a cached graph that fails to load otherwise is a
+      miss, and torch compiles it.
+
+    Returns whether the hooks are in place.
+    """
+    if not available("inductor.load_guard"):
+        return False
+    import importlib
+    import pickle
+
+    module = importlib.import_module(_CODECACHE)
+    if handler not in _load_handlers:
+        _load_handlers.append(handler)
+    errors = (*LOAD_ERRORS, pickle.UnpicklingError)
+
+    fx = module.FxGraphCache
+    current = fx.__dict__.get("cache_hit_post_compile")
+    original_hit = getattr(current, "__func__", current)
+    if not getattr(original_hit, _GUARD_MARK, False):
+
+        def cache_hit_post_compile(graph: Any, cache_info: Any, constants: Any) -> Any:
+            try:
+                return original_hit(graph, cache_info, constants)
+            except errors as exc:
+                if _handled(exc):
+                    log.info("compile_cache: a cached graph did not load (%s); compiling it", exc)
+                    return None, cache_info
+                raise
+
+        setattr(cache_hit_post_compile, _GUARD_MARK, True)
+        cache_hit_post_compile.__wrapped__ = original_hit  # type: ignore[attr-defined]
+        fx.cache_hit_post_compile = staticmethod(cache_hit_post_compile)
+
+    cpp = module.CppCodeCache
+    current = cpp.__dict__.get("load_async")
+    original_load = getattr(current, "__func__", current)
+    if not getattr(original_load, _GUARD_MARK, False):
+
+        def load_async(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            load = original_load(cls, *args, **kwargs)
+
+            def guarded_load() -> Any:
+                try:
+                    return load()
+                except errors as exc:
+                    if _handled(exc):  # the library is gone now: torch builds it
+                        log.info("compile_cache: a cached library did not load (%s); building it", exc)
+                        return load()
+                    raise
+
+            return guarded_load
+
+        setattr(load_async, _GUARD_MARK, True)
+        load_async.__wrapped__ = original_load  # type: ignore[attr-defined]
+        cpp.load_async = classmethod(load_async)
+    return True

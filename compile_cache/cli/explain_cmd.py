@@ -1,0 +1,99 @@
+"""``explain``: why a start missed the store, field by field.
+
+Without a TARGET it reads the misses the store recorded (a start whose key was not there writes
+one, :mod:`compile_cache.store.misses`) and explains each against the entries there now: no
+torch import, well under a second. With a TARGET or ``--hf`` (and the job's flags, as for
+``warm``) it builds the model, computes the key ``compile_regions`` would use
+(:func:`compile_cache.api.key_for`) and explains that. The comparison is
+:func:`compile_cache.explain.explain`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from .output import UsageError, ago, print_json
+from .store_cmds import open_store
+
+__all__ = ["cmd_explain"]
+
+_SHOWN = 3  # candidates printed per key (all of them in --json)
+
+
+def _print_explanation(explanation: Any) -> None:
+    if explanation.candidates:
+        print(f"  key {explanation.key[:12]} is not in the store; entries of the same model are:")
+    else:
+        print(f"  {explanation.reason}")
+    for candidate in explanation.candidates[:_SHOWN]:
+        print(f"  entry {candidate.key[:12]} ({candidate.packs} pack(s)) differs in:")
+        for difference in candidate.differences or ():
+            print(f"    - {difference.text()}")
+        if not candidate.differences:
+            print("    - nothing explain compares")
+    if len(explanation.candidates) > _SHOWN:
+        print(f"  ... and {len(explanation.candidates) - _SHOWN} more entries of this model (--json)")
+
+
+def _explain_job(args: argparse.Namespace) -> int:
+    from ..api import key_for
+    from ..explain import explain
+    from ..store import misses
+    from .job import build_job
+
+    job = build_job(args)
+    fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
+    store = open_store(args)
+    explanation = explain(fields.key, fields.record, misses.entry_records(store), str(store.root))
+    if args.json:
+        print_json({**explanation.to_dict(), "mode": job.mode(), "record": fields.record})
+    else:
+        print(f"key {fields.key} ({job.mode_line()})")
+        print(f"store: {store.root}")
+        _print_explanation(explanation)
+    return 0 if explanation.status == "present" else 1
+
+
+def _explain_recorded(args: argparse.Namespace) -> int:
+    from ..explain import explain
+    from ..store import misses
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: must be 1 or more")
+    store = open_store(args)
+    recorded = misses.last_misses(store, args.limit)
+    entries = list(misses.entry_records(store))
+    out = []
+    for miss in recorded:
+        record = miss.get("record") if isinstance(miss.get("record"), dict) else {}
+        explanation = explain(miss["key"], record, entries, str(store.root))
+        out.append((miss, explanation))
+    if args.json:
+        print_json({"store": str(store.root), "misses": [
+            {"key": m["key"], "time": m.get("time"), "host": m.get("host"), "pid": m.get("pid"),
+             "reason_then": m.get("reason"), **e.to_dict()} for m, e in out]})
+        return 0
+    if not out:
+        print(f"No misses recorded in {store.root}")
+        return 0
+    now = time.time()
+    for miss, explanation in out:
+        model = str((miss.get("record") or {}).get("model_class") or "-").rsplit(".", 1)[-1]
+        print(f"miss of key {miss['key']} ({model}), {ago(float(miss.get('time') or 0), now)} "
+              f"on {miss.get('host', '?')} (pid {miss.get('pid', '?')})")
+        if explanation.status == "present":
+            print("  resolved: the key is in the store now")
+        else:
+            _print_explanation(explanation)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Why a start missed: a TARGET's key now, or the misses the store recorded."""
+    if args.target or args.hf:
+        return _explain_job(args)
+    if args.set:
+        raise UsageError("--set only applies to --hf models")
+    return _explain_recorded(args)

@@ -1,0 +1,375 @@
+"""The job that ``warm`` and ``explain`` mirror: the model, its inputs, and how the job runs it.
+
+The model comes from a factory (``package.module:factory`` or ``path/to/file.py:factory``) or
+from a transformers config (``--hf NAME``, random weights, never a download). Torch compiles
+different graphs for eval and train mode, with and without autograd, per dtype, device, shape
+and ``use_cache``, so every one of these is a flag here, shown by ``--help`` and in the summary
+(:meth:`Job.mode_line`). Defaults are an inference job's: ``model.eval()``, ``torch.no_grad()``,
+``use_cache=False``, the model's own dtype and device, one batch of 1 x 128 tokens (``--hf``).
+Torch is imported when a command runs, not when the CLI starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .output import UsageError
+
+__all__ = ["MODE_HELP", "Job", "add_job_arguments", "build_job"]
+
+MODE_HELP = (
+    "By default the model runs as an inference job does: model.eval(), under torch.no_grad(), "
+    "use_cache=False, in the model's own dtype and on its device, with one batch of 1 x 128 "
+    "tokens for --hf models. Torch compiles other graphs when any of these differ, so pass the "
+    "flags that make the run mirror your job (--train --grad --use-cache --dtype --device "
+    "--batch-size --seq-len), and the same torch.compile settings (--mode --backend --dynamic "
+    "--fullgraph --precompile)."
+)
+
+
+def _bool_arg(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the job to mirror (warm, explain)."""
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="package.module:factory or path/to/file.py:factory; the factory returns a model, "
+                        "(model, example_inputs) or (model, [example_inputs, ...])")
+    parser.add_argument("--hf", metavar="NAME", help="a transformers model type (gpt2, llama, ...) built from "
+                        "its config with random weights (never downloads)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for --hf (repeatable)")
+    run = parser.add_argument_group("how the job runs the model (default: eval, no_grad, use_cache=False)")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="train", action="store_true", default=False,
+                      help="model.train() and a backward pass, as a training step")
+    mode.add_argument("--eval", dest="train", action="store_false", help="model.eval() (the default)")
+    run.add_argument("--grad", action=argparse.BooleanOptionalAction, default=None,
+                     help="autograd on or off during the forward (default: on with --train, off otherwise)")
+    run.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=None,
+                     help="use_cache= for models whose config has it (default: --no-use-cache)")
+    run.add_argument("--dtype", help="cast the model and floating inputs (float32, bfloat16, ...; default: the model's)")
+    run.add_argument("--device", help="move the model and inputs (cpu, cuda, cuda:0, ...; default: the model's)")
+    run.add_argument("--batch-size", action="append", metavar="N[,N...]", help="batch sizes of the input grid (default 1)")
+    run.add_argument("--seq-len", action="append", metavar="N[,N...]",
+                     help="sequence lengths of the input grid (default 128, or the model's positions if fewer)")
+    comp = parser.add_argument_group("torch.compile settings (part of the cache key: use the job's)")
+    comp.add_argument("--mode", help="torch.compile mode (default, reduce-overhead, max-autotune, ...)")
+    comp.add_argument("--backend", help="torch.compile backend (default inductor)")
+    comp.add_argument("--dynamic", type=_bool_arg, metavar="true|false", help="torch.compile dynamic=")
+    comp.add_argument("--fullgraph", action="store_true", help="torch.compile fullgraph=True")
+    comp.add_argument("--precompile", action="store_true", help="also cache Dynamo's traced code")
+
+
+# ------------------------------------------------------------------------------- parsing input
+def _parse_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _parse_overrides(items: Sequence[str]) -> dict[str, tuple[str, Any]]:
+    """``KEY=VALUE`` items -> {key: (text, value)}."""
+    out: dict[str, tuple[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: expected key=value, e.g. n_layer=2")
+        out[key.strip()] = (value, _parse_value(value))
+    return out
+
+
+def _int_list(values: Sequence[str] | None, flag: str) -> list[int] | None:
+    if not values:
+        return None
+    out = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                number = int(part)
+            except ValueError:
+                raise UsageError(f"{flag} {value!r}: expected whole numbers, e.g. 1,4,8") from None
+            if number <= 0:
+                raise UsageError(f"{flag} {number}: must be positive")
+            out.append(number)
+    return out or None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _parse_dtype(name: str | None) -> Any:
+    import torch
+
+    if name is None:
+        return None
+    value = getattr(torch, name.strip().removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise UsageError(f"--dtype {name!r}: not a torch dtype (e.g. float32, bfloat16, float16)")
+    return value
+
+
+def _parse_device(name: str | None) -> Any:
+    import torch
+
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {name!r}: {exc}") from None
+    if device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except Exception as exc:  # AssertionError "Torch not compiled with CUDA enabled", ...
+            raise UsageError(f"--device {name!r} is not usable with this torch "
+                             f"({torch.__version__}): {_first_line(exc)}") from None
+    return device
+
+
+# ------------------------------------------------------------------------------- the model
+def _load_target(target: str) -> Any:
+    """The factory named by ``package.module:factory`` or ``path/to/file.py:factory``."""
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"TARGET {target!r}: expected package.module:factory or path/to/file.py:factory")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            # Imported under its own name with its directory on sys.path, as `import stem` in a
+            # job would: the class's module name is part of the fingerprint, hence of the key.
+            path = Path(module_name).resolve()
+            if not path.is_file():
+                raise UsageError(f"TARGET {target!r}: no such file {module_name}")
+            sys.path.insert(0, str(path.parent))
+            module = importlib.import_module(path.stem)
+            origin = getattr(module, "__file__", None)
+            if origin is None or Path(origin).resolve() != path:
+                raise UsageError(
+                    f"TARGET {target!r}: the name {path.stem!r} is already taken by {origin or 'a built-in module'}; "
+                    "rename the file or use package.module:factory"
+                )
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:  # the console script's case
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except UsageError:
+        raise
+    except Exception as exc:  # ImportError, SyntaxError, or an error the module raised on import
+        raise UsageError(f"TARGET {target!r} does not import: {type(exc).__name__}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise UsageError(f"TARGET {target!r}: module {module_name} has no attribute {attr!r}")
+    if not callable(factory):
+        raise UsageError(f"TARGET {target!r}: {attr} is not callable")
+    return factory
+
+
+def _unpack_factory_result(result: Any, target: str) -> tuple[Any, list[Any] | None]:
+    from torch import nn
+
+    if isinstance(result, nn.Module):
+        return result, None
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
+        model, inputs = result
+        return model, list(inputs) if isinstance(inputs, list) else [inputs]
+    raise UsageError(
+        f"TARGET {target!r} returned {type(result).__name__}; expected a torch.nn.Module, "
+        "(model, example_inputs) or (model, [example_inputs, ...])"
+    )
+
+
+def _check_override_types(name: str, defaults: Any, overrides: dict[str, tuple[str, Any]]) -> None:
+    """A ``--set`` value of another type than the config's default (``n_layer=two``) is bad input."""
+    expected = {bool: "true or false", int: "a whole number", float: "a number"}
+    for key, (text, value) in overrides.items():
+        default = getattr(defaults, key, None)
+        kind = type(default)
+        if kind not in expected or value is None:
+            continue
+        ok = (isinstance(value, bool) if kind is bool else
+              isinstance(value, int) and not isinstance(value, bool) if kind is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok:
+            raise UsageError(f"--set {key}={text!r}: expected {expected[kind]} "
+                             f"(the {name} config's default is {default!r})")
+
+
+def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
+    """A random-weight causal LM from its config: never downloads anything."""
+    import torch
+
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise UsageError(f"--hf needs transformers: {exc}") from None
+    try:
+        defaults = AutoConfig.for_model(name)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"--hf {name!r}: unknown model type ({str(exc).splitlines()[0]})") from None
+    _check_override_types(name, defaults, overrides)
+    values = {key: value for key, (_text, value) in overrides.items()}
+    sets = " ".join(f"--set {k}={t}" for k, (t, _v) in overrides.items())
+    torch.manual_seed(0)
+    try:
+        config = AutoConfig.for_model(name, **values)
+        return AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # built from the flags alone: any failure is the flags' doing
+        raise UsageError(f"--hf {name!r}{' ' + sets if sets else ''}: cannot build the model "
+                         f"({_first_line(exc)})") from None
+
+
+def _token_grid(model: Any, batch_sizes: list[int] | None, seq_lens: list[int] | None,
+                use_cache: bool | None) -> list[Any]:
+    """Random ``input_ids`` for every (batch, seq) pair, with ``use_cache`` for causal LMs."""
+    import torch
+
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        raise UsageError(
+            "the model needs example inputs: make the TARGET factory return (model, example_inputs)"
+        )
+    max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    seq_lens = seq_lens or [min(128, max_pos) if isinstance(max_pos, int) else 128]
+    if isinstance(max_pos, int) and max(seq_lens) > max_pos:
+        raise UsageError(f"--seq-len {max(seq_lens)}: longer than the model's {max_pos} positions")
+    generator = torch.Generator().manual_seed(0)
+    grid = []
+    for b in batch_sizes or [1]:
+        for s in seq_lens:
+            inputs: dict[str, Any] = {"input_ids": torch.randint(0, vocab, (b, s), generator=generator)}
+            if hasattr(config, "use_cache"):
+                inputs["use_cache"] = bool(use_cache)
+            grid.append(inputs)
+    return grid
+
+
+def _move(value: Any, device: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        return value.to(device) if device is not None else value
+    if isinstance(value, tuple):
+        return tuple(_move(v, device, dtype) for v in value)
+    if isinstance(value, list):
+        return [_move(v, device, dtype) for v in value]
+    if isinstance(value, dict):
+        return {k: _move(v, device, dtype) for k, v in value.items()}
+    return value
+
+
+@dataclasses.dataclass
+class Job:
+    """A model, its example inputs, and how the job runs and compiles it."""
+
+    model: Any
+    inputs: list[Any]
+    train: bool
+    grad: bool
+    use_cache: bool | None  # None: the model takes no use_cache (or the factory gave the inputs)
+    dtype: str
+    device: str
+    compile_kwargs: dict[str, Any]
+    precompile: bool | None  # None: COMPILE_CACHE_PRECOMPILE decides
+
+    @property
+    def shapes(self) -> list[str]:
+        from ..warmup import describe_inputs
+
+        return [describe_inputs(x) for x in self.inputs]
+
+    def mode(self) -> dict[str, Any]:
+        """How the model runs, for the summary and ``--json``."""
+        return {"train": self.train, "grad": self.grad, "use_cache": self.use_cache,
+                "dtype": self.dtype, "device": self.device, "shapes": self.shapes}
+
+    def mode_line(self) -> str:
+        """``eval, no_grad, use_cache=False, float32, cpu; shapes input_ids=1x128``."""
+        parts = ["train (forward and backward)" if self.train and self.grad else
+                 "train" if self.train else "eval", "grad" if self.grad else "no_grad"]
+        if self.use_cache is not None:
+            parts.append(f"use_cache={self.use_cache}")
+        parts += [self.dtype, self.device]
+        return ", ".join(parts) + "; shapes " + " | ".join(self.shapes)
+
+
+def _tensor_facts(model: Any) -> tuple[str, str]:
+    for tensor in model.parameters():
+        return str(tensor.dtype).removeprefix("torch."), str(tensor.device)
+    return "float32", "cpu"
+
+
+def build_job(args: argparse.Namespace) -> Job:
+    """The model, inputs and settings the flags describe; bad input raises UsageError."""
+    if bool(args.target) == bool(args.hf):
+        raise UsageError("give a TARGET (package.module:factory or file.py:factory) or --hf NAME, not both"
+                         if args.target else "give a TARGET (package.module:factory) or --hf NAME")
+    overrides = _parse_overrides(args.set or [])
+    if overrides and not args.hf:
+        raise UsageError("--set only applies to --hf models")
+    batch_sizes = _int_list(args.batch_size, "--batch-size")
+    seq_lens = _int_list(args.seq_len, "--seq-len")
+    dtype = _parse_dtype(args.dtype)
+    device = _parse_device(args.device)
+
+    if args.hf:
+        model, inputs = _build_hf(args.hf, overrides), None
+    else:
+        factory = _load_target(args.target)
+        model, inputs = _unpack_factory_result(factory(), args.target)
+    use_cache = None
+    if inputs is None:
+        inputs = _token_grid(model, batch_sizes, seq_lens, args.use_cache)
+        if hasattr(getattr(model, "config", None), "use_cache"):
+            use_cache = bool(args.use_cache)
+    elif batch_sizes or seq_lens or args.use_cache is not None:
+        raise UsageError("--batch-size/--seq-len/--use-cache apply to --hf or to factories that "
+                         "return a model alone (the factory gave its example inputs)")
+    if args.use_cache is not None and use_cache is None:
+        raise UsageError("--use-cache/--no-use-cache: the model's config has no use_cache")
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+        inputs = [_move(x, device, dtype) for x in inputs]
+    model.train(args.train)
+    dtype_name, device_name = _tensor_facts(model)
+
+    compile_kwargs: dict[str, Any] = {}
+    if args.mode is not None:
+        compile_kwargs["mode"] = args.mode
+    if args.backend is not None:
+        compile_kwargs["backend"] = args.backend
+    if args.dynamic is not None:
+        compile_kwargs["dynamic"] = args.dynamic
+    if args.fullgraph:
+        compile_kwargs["fullgraph"] = True
+    grad = args.train if args.grad is None else bool(args.grad)
+    return Job(model=model, inputs=inputs, train=bool(args.train), grad=grad, use_cache=use_cache,
+               dtype=dtype_name, device=device_name, compile_kwargs=compile_kwargs,
+               precompile=True if args.precompile else None)

@@ -1,0 +1,266 @@
+"""Why a key missed: compare what a start used with the entries of the same model in the store.
+
+A start's key is a hash, so a miss by itself says nothing. Every entry keeps the readable record
+of its key (``entry.json``, :func:`compile_cache.keys.key_fields`), and so does a start. When a
+key is not in the store, :func:`explain` finds the entries of the *same model* (same module
+classes and parameter names and shapes: :func:`compile_cache.keys.model_structure`) and names
+each field that differs, e.g. ``CPU threads: 2 here, 1 in the entry (set OMP_NUM_THREADS=1 ...)``,
+a ``torch.compile`` keyword, precompile, the parameters' dtype or device, the torch build, the
+CPU instruction set, a torch config. The closest entry (fewest differences) gives the one-line
+reason of ``last_report().miss_reason``, of the warning ``compile_regions`` shows, and of
+``python -m compile_cache explain``.
+
+This module compares plain records: it imports neither torch nor the store's internals (the CLI
+explains recorded misses without torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = [
+    "CacheMissWarning",
+    "Candidate",
+    "Difference",
+    "Explanation",
+    "compare",
+    "explain",
+    "field_value",
+    "short_value",
+]
+
+
+class CacheMissWarning(UserWarning):
+    """A start missed the store although entries of the same model are there: what differs."""
+
+
+#: environment fields -> (label, hint); the hint may use {here} and {there}
+_ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "cpu_threads": ("CPU threads (torch.get_num_threads())",
+                    "set OMP_NUM_THREADS={there} or torch.set_num_threads({there}) to use the entry"),
+    "cpu_capability": ("CPU instruction set", "the entry was compiled on another kind of CPU"),
+    "torch": ("torch version", "the entry was compiled by another torch build"),
+    "torch_git": ("torch build (git)", "the entry was compiled by another torch build"),
+    "torch_debug": ("torch debug build", ""),
+    "torch_cuda": ("torch's CUDA version", ""),
+    "torch_hip": ("torch's HIP version", ""),
+    "python": ("Python version", ""),
+    "python_impl": ("Python implementation", ""),
+    "triton": ("Triton version", ""),
+    "machine": ("machine architecture", ""),
+    "system": ("operating system", ""),
+    "default_dtype": ("torch.get_default_dtype()", ""),
+    "deterministic": ("deterministic algorithms (enabled/warn-only)", ""),
+    "inductor_config": ("Inductor config (torch._inductor.config)",
+                        "a setting differs: compare `python -m compile_cache doctor --json` on both"),
+    "functorch_config": ("AOTAutograd config (torch._functorch.config)", ""),
+    "dynamo_config": ("Dynamo config (torch._dynamo.config)", ""),
+    "cuda_available": ("CUDA available", ""),
+    "device_name": ("GPU model", ""),
+    "device_capability": ("GPU compute capability", ""),
+    "device_count": ("number of visible GPUs", ""),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One field that differs between this start and an entry."""
+
+    field: str  # "environment.cpu_threads", "compile.mode", "precompile", "model.dtypes", ...
+    label: str
+    here: Any
+    there: Any
+    hint: str = ""
+
+    def text(self) -> str:
+        """``label: HERE here, THERE in the entry (hint)``."""
+        def show(value: Any) -> str:  # a torch.compile string as the user writes it: 'max-autotune'
+            return repr(value) if self.field.startswith("compile.") and isinstance(value, str) else _show(value)
+
+        out = f"{self.label}: {show(self.here)} here, {show(self.there)} in the entry"
+        return f"{out} ({self.hint})" if self.hint else out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "text": self.text()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """An entry of the same model, and what differs from this start."""
+
+    key: str
+    packs: int
+    differences: tuple[Difference, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "packs": self.packs,
+                "differences": [d.to_dict() for d in self.differences]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Whether a key is in the store and, when it is not, the entries of the same model and what
+    differs (closest first). ``reason`` is the one line for people."""
+
+    key: str
+    store: str
+    status: str  # "present", "unusable" (entry without packs), "miss"
+    candidates: tuple[Candidate, ...]
+    same_class: int  # entries of the same model class with other parameter shapes
+    other_entries: int
+    reason: str
+    unrecorded: int = 0  # entries of the same class written without a key record (older versions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "store": self.store, "status": self.status,
+                "candidates": [c.to_dict() for c in self.candidates],
+                "same_class": self.same_class, "other_entries": self.other_entries,
+                "unrecorded": self.unrecorded, "reason": self.reason}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "none"
+    if isinstance(value, str):
+        return value or "none"
+    return repr(value)
+
+
+def _section(record: dict[str, Any], name: str) -> dict[str, Any]:
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def compare(here: dict[str, Any], there: dict[str, Any]) -> list[Difference]:
+    """Every field of two key records (:func:`compile_cache.keys.key_fields`) that differs."""
+    out: list[Difference] = []
+    here_model, there_model = _section(here, "model"), _section(there, "model")
+    for name, label in (("dtypes", "parameter dtypes"), ("devices", "parameter devices")):
+        if here_model.get(name) != there_model.get(name):
+            out.append(Difference(f"model.{name}", label, here_model.get(name), there_model.get(name)))
+    here_compile, there_compile = _section(here, "compile"), _section(there, "compile")
+    for name in sorted(set(here_compile) | set(there_compile)):
+        if here_compile.get(name) != there_compile.get(name):
+            out.append(Difference(f"compile.{name}", f"torch.compile {name}",
+                                  here_compile.get(name), there_compile.get(name)))
+    if bool(here.get("precompile")) != bool(there.get("precompile")):
+        out.append(Difference("precompile", "precompile", bool(here.get("precompile")),
+                              bool(there.get("precompile"))))
+    here_env, there_env = _section(here, "environment"), _section(there, "environment")
+    for name in sorted(set(here_env) | set(there_env), key=lambda n: (n not in _ENVIRONMENT, n)):
+        a, b = here_env.get(name), there_env.get(name)
+        if a != b:
+            label, hint = _ENVIRONMENT.get(name, (f"environment {name}", ""))
+            out.append(Difference(f"environment.{name}", label, a, b,
+                                  hint.format(here=a, there=b) if hint else ""))
+    same_tensors = not any(d.field.startswith("model.") for d in out)
+    fingerprint_differs = here_model.get("fingerprint") != there_model.get("fingerprint")
+    if same_tensors and fingerprint_differs:
+        out.append(Difference("model.fingerprint",
+                              "model fingerprint (forward code, requires_grad, strides or attributes)",
+                              here_model.get("fingerprint"), there_model.get("fingerprint")))
+    here_plan, there_plan = _section(here, "plan"), _section(there, "plan")
+    if not fingerprint_differs and here_plan.get("digest") != there_plan.get("digest"):
+        out.append(Difference("plan", "region plan", here_plan.get("groups"), there_plan.get("groups")))
+    return out
+
+
+#: short names of fields for one-line listings (``ls``)
+_SHORT = {"environment.cpu_threads": "threads", "environment.cpu_capability": "isa",
+          "model.dtypes": "dtype", "model.devices": "device", "model.fingerprint": "fingerprint"}
+
+
+def field_value(record: dict[str, Any], field: str) -> Any:
+    """The value of a :attr:`Difference.field` (``"compile.mode"``, ...) in a key record."""
+    if field == "plan":
+        return _section(record, "plan").get("groups")
+    if field == "precompile":
+        return bool(record.get("precompile"))
+    section, _, name = field.partition(".")
+    return _section(record, section).get(name)
+
+
+def short_value(record: dict[str, Any], field: str) -> str:
+    """``threads=2``, ``mode='max-autotune'``, ``dtype=float64``: a field for a table cell."""
+    name = _SHORT.get(field) or field.partition(".")[2] or field
+    value = field_value(record, field)
+    if field == "model.fingerprint" and isinstance(value, str):
+        value = value[:8]
+    if isinstance(value, str) and field.startswith("environment.") and len(value) > 16:
+        value = value[:8]  # config digests
+    shown = repr(value) if field.startswith("compile.") and isinstance(value, str) else _show(value)
+    return f"{name}={shown}"
+
+
+def _same_model(here: dict[str, Any], there: dict[str, Any]) -> bool:
+    a, b = _section(here, "model"), _section(there, "model")
+    return bool(a.get("structure")) and a.get("structure") == b.get("structure")
+
+
+def _model_class(record: dict[str, Any]) -> str | None:
+    return _section(record, "model").get("class") or record.get("model_class")
+
+
+def explain(
+    key: str, record: dict[str, Any], entries: Iterable[tuple[str, dict[str, Any], int]],
+    store: str = "",
+) -> Explanation:
+    """Explain ``key`` (with its ``record``) against the store's ``entries``:
+    ``(key, entry record, number of packs)`` as :func:`compile_cache.store.misses.entry_records`
+    gives them."""
+    status = "miss"
+    candidates: list[Candidate] = []
+    same_class = others = unrecorded = 0
+    cls = _model_class(record)
+    for entry_key, entry_record, packs in entries:
+        if entry_key == key:
+            status = "present" if packs else "unusable"
+            continue
+        if _same_model(record, entry_record):
+            candidates.append(Candidate(entry_key, packs, tuple(compare(record, entry_record))))
+        elif cls and _model_class(entry_record) == cls:
+            if _section(entry_record, "model").get("structure"):
+                same_class += 1
+            else:
+                unrecorded += 1
+        else:
+            others += 1
+    candidates.sort(key=lambda c: (len(c.differences), -c.packs, c.key))
+    reason = _reason(key, status, candidates, same_class, others, cls)
+    if status == "miss" and not candidates and unrecorded:
+        reason += (f"; {unrecorded} entr{'y' if unrecorded == 1 else 'ies'} of this model class "
+                   "have no key record to compare (written by an older compile_cache)")
+    return Explanation(key=key, store=store, status=status, candidates=tuple(candidates),
+                       same_class=same_class, other_entries=others, reason=reason,
+                       unrecorded=unrecorded)
+
+
+def _reason(key: str, status: str, candidates: list[Candidate], same_class: int, others: int,
+            cls: str | None) -> str:
+    short = key[:12]
+    name = (cls or "the model").rsplit(".", 1)[-1]
+    if status == "present":
+        return f"key {short} is in the store"
+    if status == "unusable":
+        return (f"key {short} has an entry in the store but no pack that could be restored "
+                "(corrupt, or written by another torch: see `python -m compile_cache stats`)")
+    if candidates:
+        best = candidates[0]
+        what = "; ".join(d.text() for d in best.differences) or (
+            "nothing explain compares (an entry of another compile_cache version?)")
+        more = f" ({len(candidates)} entries of this model in all)" if len(candidates) > 1 else ""
+        return (f"key {short} is not in the store; the closest entry of the same {name} model, "
+                f"{best.key[:12]}, differs in: {what}{more}")
+    if same_class:
+        return (f"key {short} is not in the store; {same_class} entr{'y' if same_class == 1 else 'ies'} "
+                f"of {name} with other parameter names or shapes (another config) are there")
+    if others:
+        return (f"key {short} is not in the store, and no entry of this {name} model is "
+                f"({others} entr{'y' if others == 1 else 'ies'} of other models)")
+    return f"key {short} is not in the store, which is empty"

@@ -1,0 +1,175 @@
+"""Loading a key's packs: one consistent set, each checked before anything reads it whole.
+
+The function behind :meth:`Store.load` (see there for the rules). The directories from
+``entries/`` down to the key's ``packs/`` and every pack file must pass the trust rule of
+:mod:`.safety`; every pack is opened before any is read (a listing that changes meanwhile is
+taken again; an entry that vanished is a miss, never a part of it), then checked by
+:mod:`.reader` (limits, header, checksum, signature) and :mod:`.members` (each member).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._paths import check_key
+from ..errors import CorruptPackError, UnsafePathError
+from ._io import open_nofollow, torch_version, warn_once
+from .members import BadMemberError, member_problem
+from .pack import IncompatiblePackError, SignatureMismatchError
+from .reader import CheckedPack, PackMembers, open_pack_file
+from .records import Pack, PackInfo
+from .safety import trust_problem
+
+if TYPE_CHECKING:
+    from .core import Store
+
+__all__ = ["check_members", "check_pack", "load"]
+
+logger = logging.getLogger("compile_cache")
+
+
+def load(store: Store, key: str) -> list[Pack]:
+    """See :meth:`Store.load`."""
+    check_key(key)
+    opened = _open_entry(store, key)
+    if opened is None:
+        return []
+    ours = torch_version()
+    packs: list[Pack] = []
+    mismatched: list[str] = []
+    for path, fh in opened:
+        try:
+            checked = check_pack(store, fh, key)
+        except IncompatiblePackError as exc:
+            logger.info("skipping pack %s: %s", path, exc)
+            store._bump(incompatible=1)
+            continue
+        except SignatureMismatchError as exc:
+            logger.info("skipping pack %s for this reader: %s", path, exc)
+            mismatched.append(str(exc))
+            store._bump(signature_mismatch=1)
+            continue
+        except CorruptPackError as exc:
+            store._corrupt(path, key, exc)
+            continue
+        except OSError as exc:
+            store._io_error("read", exc, path)
+            continue
+        header = checked.header
+        theirs = header.get("torch")
+        if isinstance(theirs, str) and "unknown" not in (theirs, ours) and theirs != ours:
+            # Keys include the environment, so this pack was put here by hand or by a bug;
+            # its artifacts were built for another torch. Set it aside so that a republish
+            # of the same content (same pack name) is not blocked by it.
+            checked.close()
+            moved = store._quarantine(path, key)
+            warn_once(store.root, "foreign-torch",
+                       f"compile cache: pack {path} was written by torch {theirs}, this is "
+                       f"torch {ours}; treated as a miss and "
+                       + (f"moved to {moved}" if moved else "left in place (read-only store)"))
+            store._bump(incompatible=1)
+            continue
+        info = PackInfo._from_header(key, path.stem, path, checked.size, header, checked.signed)
+        packs.append(Pack(members=PackMembers(checked), header=header, info=info))
+    if mismatched and not packs:
+        warn_once(store.root, "signature",
+                  f"compile cache: no pack of {key[:12]} is signed with this "
+                  f"COMPILE_CACHE_SIGNING_KEY ({len(mismatched)} skipped: {mismatched[0]}); a miss "
+                  "for this job, the packs are left for readers holding their key")
+    if packs:
+        store._touch_used(key)
+    packs.sort(key=lambda p: (p.info.created, p.info.name))
+    return packs
+
+
+def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, Any]] | None:
+    """Open every pack of ``key`` (one consistent listing), after checking the entry's
+    directories; None when there is nothing usable (counted where it is an error)."""
+    for _attempt in range(attempts):
+        try:
+            paths = store.layout.pack_paths(key, strict=True)
+        except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
+            store._io_error("read", exc, store.layout.packs_dir(key))
+            return None
+        if not paths:
+            return None
+        if not _entry_trusted(store, key):
+            return None
+        opened: list[tuple[Path, Any]] = []
+        vanished = False
+        for path in paths:
+            try:
+                fh = open_nofollow(path)
+            except FileNotFoundError:
+                vanished = True
+                break
+            except UnsafePathError as exc:
+                store._corrupt(path, key, exc)
+                continue
+            except OSError as exc:
+                store._io_error("read", exc, path)
+                continue
+            problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
+            if problem is not None:
+                fh.close()
+                _untrusted(store, problem.message)
+                continue
+            opened.append((path, fh))
+        if not vanished:
+            return opened
+        for _path, fh in opened:
+            fh.close()
+        if not store.layout.entry_dir(key).is_dir():
+            return None  # evicted while we read it: a miss, not a part of it
+    logger.info("compile cache: entry %s kept changing while it was read; a miss", key[:12])
+    return None
+
+def _entry_trusted(store: Store, key: str) -> bool:
+    """The directories from ``entries/`` down to the key's ``packs/`` may be trusted."""
+    entry = store.layout.entry_dir(key)
+    for directory in (entry.parent, entry, store.layout.packs_dir(key)):
+        try:
+            st = os.lstat(directory)
+        except OSError:
+            return True  # gone: the pack listing says so
+        if not os.path.isdir(directory) or os.path.islink(directory):
+            _untrusted(store, f"refusing to use compile cache directory {directory}: it is a "
+                            "symlink or not a directory")
+            return False
+        problem = trust_problem(st, directory, store.shared_group)
+        if problem is not None:
+            _untrusted(store, problem.message)
+            return False
+    return True
+
+def _untrusted(store: Store, message: str) -> None:
+    warn_once(store.root, "untrusted", f"compile cache: {message}; treated as a miss")
+    store._bump(untrusted=1)
+
+def check_pack(store: Store, fh: Any, key: str, labels: Any = None, *, close: bool = True) -> CheckedPack:
+    """Every check of one open pack file (see :meth:`Store.load`); the file is closed on failure
+    (with ``close``)."""
+    checked = open_pack_file(fh, signing_key=store.signing_key, key=key, limits=store.limits, close=close)
+    try:
+        check_members(checked, labels, store.limits.max_name)
+    except BaseException:
+        checked.close()
+        raise
+    return checked
+
+
+def check_members(checked: CheckedPack, labels: Any = None, max_name: int | None = None) -> None:
+    """Raise :class:`BadMemberError` for the first member of ``checked`` that must not reach
+    torch (:func:`~compile_cache.store.members.member_problem`); ``labels``: the first parts a
+    member name may have (None: any)."""
+    for name in checked.entries:
+        problem = member_problem(
+            name, checked.member_size(name),
+            lambda offset, n, _name=name: checked.read_member_at(_name, offset, n),
+            checked.member_info(name), labels=labels, max_name=max_name,
+        )
+        if problem is not None:
+            raise BadMemberError(problem)

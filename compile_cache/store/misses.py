@@ -1,0 +1,78 @@
+"""What ``explain`` reads from the store: every entry's record, and the last misses.
+
+An entry's ``entry.json`` holds the readable record of its key (:func:`compile_cache.keys.key_fields`:
+model, compile settings, environment fields, plan, precompile). A start whose key is not in the
+store writes a small miss record (``v1/misses/<key>.json``: the same record, when, where, and the
+reason it was given), so that ``python -m compile_cache explain`` without a TARGET can explain the
+last misses later, without importing torch. Only the newest :data:`MISS_KEEP` are kept. Writing a
+miss record is best effort: it never fails a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._paths import HOSTNAME
+from ._io import json_bytes, read_json_file
+
+if TYPE_CHECKING:
+    from .core import Store
+
+__all__ = ["MISS_KEEP", "entry_records", "last_misses", "record_miss"]
+
+logger = logging.getLogger("compile_cache")
+
+#: How many miss records the store keeps (the newest).
+MISS_KEEP = 20
+
+
+def entry_records(store: Store) -> Iterator[tuple[str, dict[str, Any], int]]:
+    """``(key, entry.json record, number of packs)`` for every entry; cheap: no pack is read."""
+    layout = store.layout
+    for key in layout.keys():
+        record, _garbage = read_json_file(layout.entry_json(key))
+        yield key, record or {}, len(layout.pack_paths(key))
+
+
+def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) -> None:
+    """Remember that a start missed ``key`` (with what it used and why); keeps the newest few."""
+    if store.read_only:
+        return
+    data = {"key": key, "time": time.time(), "host": HOSTNAME, "pid": os.getpid(),
+            "reason": reason, "record": dict(record)}
+    try:
+        blob = json_bytes(data)
+        store._mkdirs(store.layout.misses_dir)
+        store._write(store.layout.miss_file(key), blob, fsync=False)
+        names = sorted(os.listdir(store.layout.misses_dir))
+    except (OSError, TypeError, ValueError) as exc:
+        logger.debug("could not record the miss of %s: %s", key, exc)
+        return
+    stamped = []
+    for name in names:
+        if name.endswith(".json"):
+            with contextlib.suppress(OSError):
+                stamped.append((os.stat(store.layout.misses_dir / name).st_mtime, name))
+    for _mtime, name in sorted(stamped, reverse=True)[MISS_KEEP:]:
+        with contextlib.suppress(OSError):
+            os.unlink(store.layout.misses_dir / name)
+
+
+def last_misses(store: Store, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
+    """The recorded misses, newest first (at most ``limit``); unreadable records are skipped."""
+    try:
+        names = [n for n in os.listdir(store.layout.misses_dir) if n.endswith(".json")]
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        data, _garbage = read_json_file(store.layout.misses_dir / name)
+        if isinstance(data, dict) and isinstance(data.get("key"), str):
+            out.append(data)
+    out.sort(key=lambda d: float(d.get("time") or 0.0), reverse=True)
+    return out[:limit]
