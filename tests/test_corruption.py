@@ -487,12 +487,12 @@ def test_a_dead_holder_of_a_mkdir_lock_on_another_host_goes_stale_by_heartbeat(t
 
     lockdir = tmp_path / "key.lockdir"
     lockdir.mkdir()
-    (lockdir / "owner").write_text(f"othernode:4242:{time.time() - 90:.3f}")
-    past = time.time() - 90
+    (lockdir / "owner").write_text(f"othernode:4242:{time.time() - 150:.3f}")
+    past = time.time() - 150
     os.utime(lockdir / "owner", (past, past))
-    assert heartbeat_age(lockdir) > 80
-    # The default stale age of a held lock (30 min) does not apply: 90 s without a heartbeat
-    # is a dead holder, so a waiter takes it at once instead of waiting out its timeout.
+    assert heartbeat_age(lockdir) > 140
+    # The lock timeout (300 s) does not apply: 150 s without a heartbeat (past
+    # COMPILE_CACHE_LOCK_STALE, 120 s) is a dead holder, so a waiter takes it at once.
     assert is_stale(lockdir)
     with FileLock(tmp_path / "key", mode="mkdir", timeout=5.0) as lock:
         assert lock.is_locked

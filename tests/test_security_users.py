@@ -131,7 +131,7 @@ def _leader_as(store: str, inductor: str, lock_mode: str) -> dict:
     from torch._dynamo.utils import counters
 
     import compile_cache
-    from compile_cache.distributed import WarmUpReport, protocol
+    from compile_cache.distributed import WarmUpReport, steps
     from compile_cache.session import session_for
 
     os.environ.update(COMPILE_CACHE_SHARED="group", COMPILE_CACHE_LOCK=lock_mode,
@@ -146,7 +146,7 @@ def _leader_as(store: str, inductor: str, lock_mode: str) -> dict:
         compile_cache.compile_regions(model, cache_dir=store, backend=FakeInductor(salt=lock_mode))
         session = session_for(model)
         report = WarmUpReport(mode="shared", role="leader", key=session.key)
-        protocol._compile_under_lock(report, model, (x,), False, session, "sig")
+        steps.compile_under_lock(report, model, (x,), False, session, "sig", 5.0)
         out = model(x)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     return {"notes": report.notes, "stats": Store(store).stats()}

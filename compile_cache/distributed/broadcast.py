@@ -231,7 +231,7 @@ def _payload(plan: KeyPlan, session: CacheSession | None) -> dict[str, Any]:
         if plan.have and all(pack.info.name in h for h in plan.have):
             continue
         packs.append({
-            "members": pack.members,
+            "members": dict(pack.members),  # read now: the open pack file does not travel
             "metadata": dict(pack.header.get("metadata") or {}),
             "compile_seconds": pack.info.compile_seconds,
         })

@@ -294,10 +294,14 @@ def verify(
                     report.orphaned_temp.append(path)
                     if fix:
                         _remove_path(path)
-            elif is_lock_name(name) and is_stale(path, stale_after=lock_stale_after):
-                report.stale_locks.append(path)
-                if fix:
-                    break_stale_lock(path, stale_after=lock_stale_after)
+            elif is_lock_name(name):
+                # A lockdir is stale by its holder's heartbeat; an unheld lock file is only
+                # garbage, kept as long as a temp file (copying a store must not flag its locks).
+                age = lock_stale_after if path.is_dir() else max(lock_stale_after, temp_age)
+                if is_stale(path, stale_after=age):
+                    report.stale_locks.append(path)
+                    if fix:
+                        break_stale_lock(path, stale_after=age)
     with contextlib.suppress(OSError):
         for name in os.listdir(layout.stats_dir):
             path = layout.stats_dir / name
