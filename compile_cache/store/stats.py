@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -106,8 +107,18 @@ def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]
     return into
 
 
+#: The threads of one process (the job's, the background publisher's) share a store's pending
+#: counts and its stats shard: one at a time, or a count one of them adds is lost.
+_bump_lock = threading.RLock()
+
+
 def bump(store: Store, delta: Mapping[str, Any]) -> None:
     """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
+    with _bump_lock:
+        _bump(store, delta)
+
+
+def _bump(store: Store, delta: Mapping[str, Any]) -> None:
     add_counts(store._pending, delta)
     if store.read_only or not store.layout.base.is_dir():
         return  # kept in memory: a vanished store is not re-created just for counters
