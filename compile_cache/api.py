@@ -124,9 +124,12 @@ def compile_regions(
                                    record=fields.record)
         use_precompile = use_precompile and session is not None
         # 5. prefetch, after the restore (restored test libraries need no build); in a
-        # coordinated warm-up only the rank that compiles builds them (distributed.protocol)
+        # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
+        # Every rank defers Inductor's precompiled header: a restored start needs none.
+        prefetch.defer_header_for(model, kwargs)
         if example_inputs is None or not _distributed.coordinates(distributed):
-            prefetch.start_for(model, kwargs)
+            cold = session is None or session.report.restored_packs == 0
+            prefetch.start_for(model, kwargs, cold=cold)
     # 6. install
     regions.install(
         model, plan, precompile=use_precompile,

@@ -45,18 +45,12 @@ from torch import nn
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .torch_compat import dynamo, kv_cache, kv_calls
+from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = [
-    "RegionEagerWarning",
-    "RegionRecompileWarning",
-    "get_plan",
-    "install",
-    "observe_calls",
-    "region_stats",
-    "validate_kwargs",
-]
+__all__ = ["RegionEagerWarning", "RegionRecompileWarning", "get_plan", "install", "observe_calls",
+           "region_stats", "validate_kwargs"]
 
 
 class RegionEagerWarning(RuntimeWarning):
@@ -227,17 +221,20 @@ class _RegionRunner:
     """Installed as ``module._compiled_call_impl``: calls the compiled trampoline.
 
     Around each call it compares the length of Dynamo's guard-failure list for the group's code
-    (two dict lookups) to notice recompiles caused by differences between blocks. On the root,
+    (two dict lookups) to notice recompiles caused by differences between blocks, and names the
+    group as the owner of whatever torch compiles meanwhile (capture by use). On the root,
     ``on_end`` (set by :func:`observe_calls`) hears of every call's end, outside compiled code.
     """
 
-    __slots__ = ("compiled", "state", "key", "code", "failures", "on_end", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "code", "owner", "failures", "on_end", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
         self.code = state.code
+        #: What the compiles during a call belong to (capture by use): the group's code name.
+        self.owner = state.code.co_name
         # Dynamo appends the reasons of every recompile here, keyed by the original code object.
         self.failures = dynamo.guard_failures()
         self.on_end: Callable[[float], None] | None = None
@@ -249,10 +246,15 @@ class _RegionRunner:
         before = len(failures) if failures is not None else 0
         state = self.state
         frames = dynamo.frames_seen()
-        if state.cache_calls is not None:
-            out = state.cache_calls.call(self, self.compiled, args, kwargs)
-        else:
-            out = self.compiled(*args, **kwargs)
+        owners = owner_stack()
+        owners.append(self.owner)
+        try:
+            if state.cache_calls is not None:
+                out = state.cache_calls.call(self, self.compiled, args, kwargs)
+            else:
+                out = self.compiled(*args, **kwargs)
+        finally:
+            owners.pop()
         if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
             state.check_resumes()
         failures = self.failures.get(self.code)
