@@ -72,6 +72,11 @@ class Publisher:
                 self._cond.wait(left)
         return True
 
+    def pending(self) -> int:
+        """How many jobs are queued or running now (0: the publisher is idle)."""
+        with self._cond:
+            return len(self._jobs) + (1 if self._busy else 0)
+
     def at_exit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` (quick: it should only submit) at interpreter exit, before the drain."""
         with self._cond:

@@ -104,8 +104,10 @@ def test_ranks_real_layout(tmp_path):
 
 
 def test_ranks_hooks_measure_is_rendered(tmp_path):
-    hooks = {"steps": [{"step": 0, "seq": 16, "step_s": 80.0, "hook_ms": 79.6, "published": 1},
-                       {"step": 1, "seq": 16, "step_s": 0.2, "hook_ms": 0.1, "published": 0}],
+    hooks = {"steps": [{"step": 0, "seq": 16, "step_s": 80.0, "hook_ms": 79.6, "published": 1,
+                        "publishing": True},
+                       {"step": 1, "seq": 16, "step_s": 0.2, "hook_ms": 0.1, "published": 0,
+                        "publishing": False}],
              "store_packs": 2003, "max_hook_ms_publishing": 79.6, "goal_hooks": False,
              "size_walk_ms": 190.0, "size_counter_ms": 0.2, "walk_vs_counter": 950.0,
              "read_all_headers_ms": 436.0}
@@ -116,7 +118,8 @@ def test_ranks_hooks_measure_is_rendered(tmp_path):
                          str(tmp_path / "charts")]) == 0
     text = md.read_text()
     assert "(goal ≤ 0.55×: **not met**)" in text
-    assert "| 0 | 16 | 80.00 | 79.60 | 1 |" in text and "2003 packs" in text
+    assert "| 0 | 16 | 80.00 | 79.60 | 1 | yes |" in text and "2003 packs" in text
+    assert "| 1 | 16 | 0.20 | 0.10 | 0 | no |" in text
     assert "(goal < 5 ms: **not met**)" in text
 
 
