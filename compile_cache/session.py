@@ -16,6 +16,7 @@ the packs it sends and receives there).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -241,9 +242,12 @@ class CacheSession(PublishingSession):
         if outcome == self._counted:
             return
         if self._counted is None or (self._counted, outcome) in (("hit", "partial"), ("local", "miss")):
-            self.store.record_outcome(self.key, outcome, previous=self._counted,
-                                      nbytes=self.report.restored_bytes)
-            self._counted = outcome
+            previous, self._counted = self._counted, outcome
+            # Written by the background publisher: a stats shard (or, on object storage, a PUT)
+            # never holds up the training step. flush() and interpreter exit wait for it.
+            publisher.get().submit(functools.partial(
+                self.store.record_outcome, self.key, outcome, previous=previous,
+                nbytes=self.report.restored_bytes))
 
     def _explain_miss(self) -> None:
         """Names why the key is not in the store (``report.miss_reason``), records the miss for
@@ -375,7 +379,8 @@ def _publish_at_exit() -> None:
 def flush(timeout: float | None = None) -> bool:
     """Publishes what every session has not published yet and waits at most ``timeout``
     seconds for it; True when everything was written."""
-    return all([session.flush(timeout) for session in list(_live)])
+    done = all([session.flush(timeout) for session in list(_live)])
+    return publisher.get().drain(timeout) and done  # counters queued by sessions now gone too
 
 
 def _digest(members: Any, name: str) -> str:

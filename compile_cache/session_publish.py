@@ -48,11 +48,10 @@ class PublishingSession:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Publishes what is not published yet and waits for it; True when done in time."""
-        if not self._by_use:
-            return True
-        self._prepare_precompile()
-        self.submit_publish()
-        return publisher.get().drain(timeout)
+        if self._by_use:
+            self._prepare_precompile()
+            self.submit_publish()
+        return publisher.get().drain(timeout)  # also the counters queued (the start's outcome)
 
     def _prepare_precompile(self) -> None:
         """With precompile: torch writes its Dynamo entries (on this thread, outside any compile)
