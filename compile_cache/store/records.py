@@ -92,7 +92,7 @@ class EntryInfo:
     @classmethod
     def read(cls, layout: Layout, key: str) -> EntryInfo | None:
         """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
-        entry, entry_json, used, _packs_dir = layout.entry_strings(key)
+        entry, entry_json, used, packs_dir = layout.entry_strings(key)
         try:
             scan = list(os.scandir(entry))
         except OSError:  # gone, or unreadable (EACCES, ESTALE): nothing to list
@@ -105,8 +105,8 @@ class EntryInfo:
                 if item.is_file(follow_symlinks=False):  # regular files only, as lstat says
                     size += item.stat(follow_symlinks=False).st_size
         packs: list[PackInfo] = []
-        for pack_path in layout.pack_paths(key):  # the one listing of packs (NFS: re-listed there)
-            name, path = pack_path.name, str(pack_path)
+        for name in layout.pack_file_names(key):
+            path = os.path.join(packs_dir, name)
             try:
                 st = os.lstat(path)
                 size += st.st_size
