@@ -30,16 +30,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import config, local_dirs, prefetch, regions, warmup
+from . import _warnings, config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
 from .plan import check_module, plan_regions
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+from .store import stats as _stats
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
+__all__ = ["RegionPrecompileWarning", "WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
+
+
+class RegionPrecompileWarning(RuntimeWarning):
+    """``precompile=True`` was asked for and not used: the regions compile without it."""
+
+
+PRECOMPILE_DECLINED = (
+    "compile_cache: precompile=True (or COMPILE_CACHE_PRECOMPILE) is not used in this version: "
+    "Dynamo's portable guards drop the value guards of the region calls, so blocks that differ "
+    "only in a non-tensor value (a float attribute, self.training, an optional argument) could "
+    "run another block's graph. The regions compile without it (counted as precompile_declined "
+    "in `python -m compile_cache stats`); the guard filter that makes precompile safe is issue 13."
+)
 
 #: Compile now, once per job: one rank per key compiles, the others restore.
 warm_up = _distributed.warm_up
@@ -78,10 +92,10 @@ def compile_regions(
     ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
     ``False``: no store, a path: that store). With a store, matching packs are restored before
     compiling, so a fresh process or node loads compiled code instead of compiling it; what the
-    forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) also
-    caches Dynamo's traced bytecode, skipping tracing on a hit; it keeps only portable guards, so
-    a primitive attribute changed after compiling is not noticed (off by default for that
-    reason). ``compile_cache.last_report()`` says what was restored, compiled and published,
+    forwards compile is published. ``precompile=True`` (or ``COMPILE_CACHE_PRECOMPILE=1``) is
+    declined in this version, with a ``RegionPrecompileWarning`` and the ``precompile_declined``
+    counter: Dynamo's portable guards drop value guards, which could give a block another
+    block's graph; the regions compile without it. ``compile_cache.last_report()`` says what was restored, compiled and published,
     and, when the key was not in the store, why (``miss_reason``: each field that differs from
     the closest entry of the same model; a ``CacheMissWarning`` says it too when such entries
     exist). Equal ``torch.compile`` settings give one key: keywords equal to torch's defaults
@@ -115,14 +129,17 @@ def compile_regions(
     use_precompile = False
     if not plan.disabled:
         local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
-        use_precompile = precompile_requested(precompile) and cache_dir is not False
+        declined = precompile_requested(precompile) and cache_dir is not False
+        if declined:  # never a wrong answer: a path we cannot prove safe is not taken
+            _warnings.warn(PRECOMPILE_DECLINED, RegionPrecompileWarning)
         if cache_dir is not False:
             # 3. key, 4. session: restore before compiling (Dynamo looks for precompiled
             # entries when torch.compile wraps a function)
             fields = key_fields(model, plan, kwargs, use_precompile)
             session = open_session(model, plan, fields.key, cache_dir, use_precompile,
                                    record=fields.record)
-        use_precompile = use_precompile and session is not None
+        if declined and session is not None:
+            _stats.bump(session.store, {"precompile_declined": 1})
         # 5. prefetch, after the restore (restored test libraries need no build); in a
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
         # Every rank defers Inductor's precompiled header: a restored start needs none.
@@ -156,7 +173,7 @@ def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile
     plan = dataclasses.replace(
         plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
     )
-    return key_fields(model, plan, kwargs, precompile_requested(precompile))
+    return key_fields(model, plan, kwargs, False)  # precompile is declined (PRECOMPILE_DECLINED)
 
 
 # --------------------------------------------------------------------------------------------

@@ -108,3 +108,33 @@ def test_train_without_anything_to_backpropagate_is_a_clear_error(tmp_path: Path
 
     with pytest.raises(ConfigError, match="requires grad"):
         warm(NoGrad(), [torch.randn(1, 4)], cache_dir=False, train=True, backend="eager")
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def test_precompile_is_declined_and_blocks_differing_in_a_float_stay_eager_equal(
+    tmp_path: Path, dynamo_reset: None
+) -> None:
+    """The issue-13 hazard: identical blocks but a float read by forward. With precompile asked
+    for, the job warns, counts the decline, and every block keeps its own value."""
+    from compile_cache.api import RegionPrecompileWarning
+    from compile_cache.store import Store
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Scaled(s) for s in (1.0, 2.0, 3.0)]).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        ref = model(x)
+        with pytest.warns(RegionPrecompileWarning, match="precompile=True"):
+            compile_regions(model, backend="eager", precompile=True, cache_dir=tmp_path / "store")
+        out = model(x)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert Store(tmp_path / "store").stats()["precompile_declined"] == 1

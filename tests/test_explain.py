@@ -22,9 +22,13 @@ from compile_cache.store import Store, misses
 pytestmark = pytest.mark.usefixtures("no_env_store", "fresh_state", "dynamo_reset")
 
 
-def _plant(store: Store, model: torch.nn.Module, **kwargs: Any) -> str:
-    """An entry of ``model`` as a start with these settings would have published it."""
-    fields = key_for(model, backend="eager", **kwargs)
+def _plant(store: Store, model: torch.nn.Module, precompile: bool = False, **kwargs: Any) -> str:
+    """An entry of ``model`` as a start with these settings would have published it (with
+    ``precompile``: a version or node where precompile ran; this one declines it)."""
+    from compile_cache.keys import key_fields
+
+    fields = key_fields(model, compile_cache.plan_regions(model), {"backend": "eager", **kwargs},
+                        precompile)
     assert store.publish(fields.key, {"inductor/fxgraph/x/entry": b"artifact"},
                          entry_info=fields.record) is not None
     return fields.key

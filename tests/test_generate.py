@@ -199,8 +199,9 @@ def test_precompile_is_declined_for_blocks_that_take_a_cache(tiny_llama, tmp_pat
         warnings.simplefilter("always")
         compile_regions(model, backend="eager", precompile=True, cache_dir=tmp_path / "store")
         out = _generate(model, ids, mask)
-    declined = [str(w.message) for w in caught if "precompile is declined" in str(w.message)]
-    assert len(declined) == 1 and "LlamaDecoderLayer" in declined[0] and "KV cache" in declined[0]
+    # declined for the whole model in this version (issue 13), so never for its cache blocks alone
+    declined = [str(w.message) for w in caught if "precompile=True" in str(w.message)]
+    assert len(declined) == 1 and "not used in this version" in declined[0]
     assert torch.equal(out, ref)
     assert _region(model)["cache_entries"] == 2
 

@@ -93,7 +93,7 @@ def test_changed_shape_is_a_miss_and_compiles_correctly(new_node: dict) -> None:
     assert len(Store(new_node["store"]).entries()) == 2
 
 
-def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> None:
+def test_a_precompile_start_is_declined_and_still_hits(new_node: dict) -> None:
     tmp, store = new_node["tmp"], new_node["tmp"] / "store-precompile"
     cold = _start(tmp, store, "2", "64", "float32", "precompile")
     warm = _start(tmp, store, "2", "64", "float32", "precompile")
@@ -103,10 +103,10 @@ def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> Non
     assert warm["fxgraph_miss"] == 0
     assert warm["max_diff"] < 1e-4
     assert warm["eager_calls"] == 0
-    # Tracing skipped for every block, also those sharing the group's one precompile package;
-    # without precompile a restored start still traces.
-    assert warm["traced_graphs"] == 0
-    assert new_node["warm"]["traced_graphs"] >= 1
+    # Precompile is declined in this version (its guards could pick another block's graph:
+    # issue 13): the start still hits, and traces as one without precompile does.
+    assert not warm["report"]["precompile"]
+    assert warm["traced_graphs"] >= 1 and new_node["warm"]["traced_graphs"] >= 1
 
 
 def _model(width: int = 32, dtype: torch.dtype = torch.float32) -> TinyTransformer:

@@ -220,6 +220,7 @@ def test_precompile_missing_compiles_normally(
     missing(torch.compiler, "keep_portable_guards_unsafe")  # half of what precompile needs
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
+        assert not torch_compat.available("dynamo.precompile")  # where precompile asks for it
         _model, ref, out = _compile_and_run(tmp_path, precompile=True)
     torch.testing.assert_close(out, ref)
     _check_missing(record, "dynamo.precompile")

@@ -73,6 +73,7 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "precompile_declined",
     "capture_fallbacks",
     "stored_bytes",
     "size_recounts",
