@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -45,6 +46,7 @@ class Publisher:
         self._busy = False
         self._cond = threading.Condition()
         self._exit_hooks: list[Callable[[], None]] = []
+        self._pid = os.getpid()  # a forked child has no thread: it gets a publisher of its own
         self._thread = threading.Thread(target=self._run, name="compile_cache-publish", daemon=True)
         self._thread.start()
         if register_atexit:
@@ -102,6 +104,8 @@ class Publisher:
                     self._cond.notify_all()
 
     def _at_exit(self) -> None:
+        if self._pid != os.getpid():
+            return  # the parent's publisher, inherited by a forked child: its thread is not here
         for hook in list(self._exit_hooks):
             try:
                 hook()
@@ -117,9 +121,20 @@ _default_lock = threading.Lock()
 
 
 def get() -> Publisher:
-    """This process's publisher (its thread starts on first use)."""
+    """This process's publisher (its thread starts on first use; after a fork, a new one)."""
     global _default
     with _default_lock:
-        if _default is None:
+        if _default is None or _default._pid != os.getpid():
             _default = Publisher()
         return _default
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, multiprocessing's fork) inherits the parent's
+    publisher without its thread, and its locks as they were at the fork: start afresh."""
+    global _default, _default_lock
+    _default_lock = threading.Lock()
+    _default = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -83,3 +83,33 @@ def test_a_stuck_publish_never_hangs_the_exit() -> None:
     assert done.returncode == 0, done.stderr
     assert "published" not in done.stdout  # the exit did not wait for the 60 s job
     assert "did not finish within 1 s" in done.stderr
+
+
+def test_a_forked_child_gets_a_working_publisher_while_the_parents_is_busy() -> None:
+    """A DataLoader worker or a multiprocessing fork inherits the parent's publisher without its
+    thread (and its locks as they were): the child's publishes and counters still go out."""
+    import multiprocessing
+
+    from compile_cache import publisher
+
+    release = threading.Event()
+    parent = publisher.get()
+    parent.submit(release.wait)  # the parent's thread is busy while the child forks
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+
+    def child() -> None:
+        ran: list[int] = []
+        mine = publisher.get()
+        mine.submit(lambda: ran.append(1))
+        out.put((mine is not parent, mine.drain(5.0), ran))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        fresh, drained, ran = out.get(timeout=30)
+    finally:
+        release.set()
+        proc.join(10)
+    assert fresh and drained and ran == [1]
+    assert parent.drain(10.0)

@@ -119,6 +119,14 @@ def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]
 _bump_lock = threading.RLock()
 
 
+def _new_bump_lock_in_child() -> None:
+    global _bump_lock  # a fork while the publisher's thread held it would leave it held
+    _bump_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_bump_lock_in_child)
+
+
 def bump(store: Store, delta: Mapping[str, Any]) -> None:
     """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
     with _bump_lock:
