@@ -129,6 +129,29 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float = 1800) -> di
     return result
 
 
+def fresh_node_env(node: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process on a new machine (a new container, VM or CI runner): new
+    TMPDIR, HOME, XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under ``node``.
+
+    Torch keeps machine-wide state outside its cache dir (the 149 MB precompiled header under
+    the temp dir, the ISA probe's libraries, Triton's ~/.triton), so a new cache dir alone is
+    not a new node. Passing the same ``node`` again is the same machine again (its dirs warm).
+    """
+    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in env.items() if not k.startswith("COMPILE_CACHE_")}
+    paths = {
+        "TMPDIR": os.path.join(node, "tmp"),
+        "HOME": os.path.join(node, "home"),
+        "XDG_CACHE_HOME": os.path.join(node, "xdg"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(node, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(node, "triton"),
+    }
+    for name in ("TMPDIR", "HOME", "XDG_CACHE_HOME"):
+        os.makedirs(paths[name], exist_ok=True)
+    env.update(paths)
+    return env
+
+
 def prime_precompiled_header(timeout: float = 600) -> None:
     """Builds torch's machine-wide precompiled kernel header with a throwaway CPU compile.
 

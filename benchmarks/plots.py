@@ -23,10 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 # (strategy, scenario) as bench_cold_start.py records them -> the label on the x axis. The
 # compile_cache scenarios belong to the "regional" strategy only.
 COLD_SCENARIOS = (
-    ("cold", "cold\n(empty dirs)"),
-    ("torch warm", "torch warm\n(same dir)"),
-    ("megacache node", "Mega-Cache\nnew node"),
-    ("cc node", "compile_cache\nnew node"),
+    ("cold", "cold\n(fresh node)"),
+    ("torch warm", "torch warm\n(same node)"),
+    ("megacache node", "Mega-Cache\nfresh node"),
+    ("cc node", "compile_cache\nfresh node"),
     ("cc precompile", "compile_cache\n+ precompile"),
 )
 COLD_STRATEGIES = (
@@ -61,7 +61,8 @@ def _model_title(data: dict, model: str) -> str:
 
 def cold_start_chart(data: dict, path: str, title: str | None = None) -> str:
     """Grouped bars: TTFO per scenario (x) and strategy (colour), one panel per model size."""
-    rows = [r for r in data.get("rows", []) if "ttfo_s" in r]
+    # One forward under no_grad (the training-step rows are in RESULTS.md's table).
+    rows = [r for r in data.get("rows", []) if "ttfo_s" in r and r.get("mode", "forward") == "forward"]
     models = list(dict.fromkeys(r["model"] for r in rows))
     if not models:
         raise ValueError("cold start JSON has no rows")

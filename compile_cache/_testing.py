@@ -18,6 +18,9 @@ __all__ = ["STATEFUL_MODULES", "reset_process_state"]
 STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.torch_compat",
     "compile_cache.torch_compat.isa",
+    "compile_cache.torch_compat.cache_use",
+    "compile_cache.torch_compat.cpp_header",
+    "compile_cache.capture",
     "compile_cache.artifacts",
     "compile_cache.local_dirs",
     "compile_cache.prefetch",

@@ -42,6 +42,7 @@ logger = logging.getLogger("compile_cache")
 
 __all__ = ["WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
 
+
 #: Compile now, once per job: one rank per key compiles, the others restore.
 warm_up = _distributed.warm_up
 
@@ -130,11 +131,13 @@ def compile_regions(
             fields = key_fields(model, plan, kwargs, use_precompile)
             session = open_session(model, plan, fields.key, cache_dir, use_precompile,
                                    record=fields.record)
-        use_precompile = use_precompile and session is not None
         # 5. prefetch, after the restore (restored test libraries need no build); in a
-        # coordinated warm-up only the rank that compiles builds them (distributed.protocol)
+        # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
+        # Every rank defers Inductor's precompiled header: a restored start needs none.
+        prefetch.defer_header_for(model, kwargs)
         if example_inputs is None or not _distributed.coordinates(distributed):
-            prefetch.start_for(model, kwargs)
+            cold = session is None or session.report.restored_packs == 0
+            prefetch.start_for(model, kwargs, cold=cold)
     # 6. install (with precompile: one precompiled function per group, named by the key)
     setup = None
     if use_precompile and session is not None and precompile_available():

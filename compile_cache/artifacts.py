@@ -56,6 +56,7 @@ __all__ = [
     "default_mode",
     "is_complete_library",
     "is_skipped",
+    "library_sizes",
     "isa_probe_answers",
     "local_cache_dirs",
     "forget_restored",
@@ -240,6 +241,12 @@ def read_members(paths: Iterable[str | os.PathLike[str]],
     return members
 
 
+def library_sizes(members: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
+    """``{"file_size": n}`` per library member: what a pack's member table records of the
+    finished file, checked again by every restore."""
+    return {name: {"file_size": len(data)} for name, data in members.items() if is_library_name(name)}
+
+
 def _read_finished(path: Path) -> bytes | None:
     """The bytes of ``path``, or None if it changed while read (someone is still writing it)."""
     before = path.lstat()
@@ -262,6 +269,8 @@ class RestoreResult:
     written: list[str] = dataclasses.field(default_factory=list)
     present: list[str] = dataclasses.field(default_factory=list)
     bytes_written: int = 0
+    #: member -> (real path, size, mtime_ns) of every file written or found present
+    files: dict[str, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
 
 
 def validate_member(name: str) -> tuple[str, PurePosixPath]:
@@ -367,6 +376,11 @@ def restore(
             _restored_libraries[name] = real
         if origin is not None:
             _restored_origins[real] = origin
+        try:
+            st = os.lstat(real)
+            result.files[name] = (real, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
     return result
 
 

@@ -24,6 +24,7 @@ from .errors import ConfigError
 __all__ = [
     "BACKEND",
     "BROADCAST_SCOPE",
+    "DEFER_HEADER",
     "DIR",
     "DISTRIBUTED",
     "LOCAL_TIER",
@@ -37,6 +38,7 @@ __all__ = [
     "PRECOMPILE",
     "PRECOMPILE_DEFAULT",
     "PREFETCH",
+    "PREFETCH_HEADER",
     "READ_ONLY",
     "REMOTE_RETRIES",
     "REMOTE_TIMEOUT",
@@ -237,6 +239,16 @@ PRECOMPILE = _register(Variable(
 PREFETCH = _register(Variable(
     "COMPILE_CACHE_PREFETCH", "bool", True,
     "build Inductor's CPU instruction-set probe libraries in the background",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+DEFER_HEADER = _register(Variable(
+    "COMPILE_CACHE_DEFER_HEADER", "bool", True,
+    "build Inductor's precompiled CPU kernel header only when a kernel is really compiled",
+    f"a boolean: {BOOLEAN_VALUES}", parse_bool,
+))
+PREFETCH_HEADER = _register(Variable(
+    "COMPILE_CACHE_PREFETCH_HEADER", "bool", False,
+    "on a cold start, build Inductor's precompiled CPU kernel header in the background",
     f"a boolean: {BOOLEAN_VALUES}", parse_bool,
 ))
 DISTRIBUTED = _register(Variable(

@@ -1,8 +1,8 @@
 """`make demo`: a cold start, then a cached start on a "new node", on a small built-in model.
 
 Runs ``python -m compile_cache warm compile_cache.demo:demo_model --cache-dir STORE`` twice, each
-in a fresh process with its own empty Inductor cache dir (as a new node would have); both share
-one compile_cache store. The second run restores what the first compiled. Then ``ls`` shows the
+in a fresh process on a fresh node (new, empty temp dir, home and Inductor/Triton cache dirs, as a
+new container or CI runner has them); both share one compile_cache store. The second run restores what the first compiled. Then ``ls`` shows the
 entry. ``demo_model`` is also a ``warm`` TARGET of its own.
 """
 
@@ -72,10 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         print("compile_cache demo: TinyTransformer (4 blocks, width 128), CPU, batch 1 x 64")
         print(f"store: {store}\n")
         runs = []
-        for label in ("cold start   (empty store, empty Inductor dir)    ",
-                      "cached start (same store, new empty Inductor dir)"):
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(dir=work),
-                       TRITON_CACHE_DIR=tempfile.mkdtemp(dir=work))
+        for label in ("cold start   (empty store, a fresh node)",
+                      "cached start (same store, another fresh node)"):
+            # A fresh node: new temp dir and home too (torch keeps its precompiled header there).
+            node = tempfile.mkdtemp(dir=work)
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(node, "inductor"),
+                       TRITON_CACHE_DIR=os.path.join(node, "triton"))
+            for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg")):
+                env[name] = os.path.join(node, sub)
+                os.makedirs(env[name])
             proc, wall = _run(["warm", "compile_cache.demo:demo_model", "--cache-dir", store, "--json"], env)
             if proc.returncode != 0:
                 print(proc.stdout + proc.stderr, file=sys.stderr)

@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from . import config
-from .torch_compat import dynamo, isa
+from .torch_compat import cpp_header, dynamo, isa
 
 log = logging.getLogger("compile_cache")
 
@@ -96,12 +96,31 @@ def wants_cpu_inductor(tensors: Iterable[Any], compile_kwargs: dict[str, Any]) -
     return not devices or any(d.type == "cpu" for d in devices)
 
 
-def start_for(model: Any, compile_kwargs: dict[str, Any]) -> ProbePrefetch | None:
-    """:func:`start_probe_builds` if compiling ``model`` with ``compile_kwargs`` needs CPU kernels."""
+def start_for(
+    model: Any, compile_kwargs: dict[str, Any], *, cold: bool = True
+) -> ProbePrefetch | None:
+    """:func:`start_probe_builds` if compiling ``model`` with ``compile_kwargs`` needs CPU kernels;
+    with ``COMPILE_CACHE_PREFETCH_HEADER=1`` on a ``cold`` start (nothing restored) also the
+    background build of Inductor's precompiled header (off by default: on 2 busy cores it did
+    not pay, see benchmarks/RESULTS.md)."""
     tensors = itertools.chain(model.parameters(), model.buffers())
     if not wants_cpu_inductor(tensors, compile_kwargs):
         return None
+    if cold and config.PREFETCH_HEADER.value() and defer_header_for(model, compile_kwargs):
+        cpp_header.start_background_build()
     return start_probe_builds()
+
+
+def defer_header_for(model: Any, compile_kwargs: dict[str, Any]) -> bool:
+    """Builds Inductor's precompiled CPU header only when a kernel is really compiled, if
+    compiling ``model`` needs CPU kernels (``COMPILE_CACHE_DEFER_HEADER``, default on): a start
+    whose kernels are all restored then runs no g++ at all. True when the deferral is on."""
+    if not config.DEFER_HEADER.value():
+        return False
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if not wants_cpu_inductor(tensors, compile_kwargs):
+        return False
+    return cpp_header.install()
 
 
 def cancel_pending() -> None:

@@ -55,20 +55,12 @@ from .precompiled import (
 )
 from .torch_compat import dynamo, kv_cache, kv_calls
 from .torch_compat import precompile as pc
+from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = [
-    "PrecompileSetup",
-    "RegionEagerWarning",
-    "RegionPrecompileWarning",
-    "RegionRecompileWarning",
-    "get_plan",
-    "install",
-    "observe_calls",
-    "region_stats",
-    "validate_kwargs",
-]
+__all__ = ["PrecompileSetup", "RegionEagerWarning", "RegionPrecompileWarning", "RegionRecompileWarning",
+           "get_plan", "install", "observe_calls", "region_stats", "validate_kwargs"]
 
 
 class RegionEagerWarning(RuntimeWarning):
@@ -134,6 +126,11 @@ class _GroupState:
         self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
         self.takes_cache = False
         self.eager_resumes: set[str] = set()
+
+    @property
+    def code_name(self) -> str:
+        """The group's code name (plan.py), whatever code object Dynamo caches it under."""
+        return self._code.co_name
 
     @property
     def code(self) -> types.CodeType:
@@ -246,16 +243,19 @@ class _RegionRunner:
     """Installed as ``module._compiled_call_impl``: calls the compiled trampoline.
 
     Around each call it compares the length of Dynamo's guard-failure list for the group's code
-    (two dict lookups) to notice recompiles caused by differences between blocks. On the root,
+    (two dict lookups) to notice recompiles caused by differences between blocks, and names the
+    group as the owner of whatever torch compiles meanwhile (capture by use). On the root,
     ``on_end`` (set by :func:`observe_calls`) hears of every call's end, outside compiled code.
     """
 
-    __slots__ = ("compiled", "state", "key", "failures", "on_end", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "owner", "failures", "on_end", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
+        #: What the compiles during a call belong to (capture by use): the group's code name.
+        self.owner = state.code_name
         # Dynamo appends the reasons of every recompile here, keyed by the original code object.
         self.failures = dynamo.guard_failures()
         self.on_end: Callable[[float], None] | None = None
@@ -270,10 +270,15 @@ class _RegionRunner:
         failures = self.failures.get(state.code)
         before = len(failures) if failures is not None else 0
         frames = dynamo.frames_seen()
-        if state.cache_calls is not None:
-            out = state.cache_calls.call(self, self.compiled, args, kwargs)
-        else:
-            out = self.compiled(*args, **kwargs)
+        owners = owner_stack()
+        owners.append(self.owner)
+        try:
+            if state.cache_calls is not None:
+                out = state.cache_calls.call(self, self.compiled, args, kwargs)
+            else:
+                out = self.compiled(*args, **kwargs)
+        finally:
+            owners.pop()
         if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
             state.check_resumes()
         failures = self.failures.get(state.code)

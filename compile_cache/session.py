@@ -16,7 +16,8 @@ the packs it sends and receives there).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
+import hashlib
 import logging
 import os
 import threading
@@ -28,112 +29,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _warnings, artifacts, config, local_dirs, recovery, torch_compat
-from ._sizes import format_size
+from . import _warnings, artifacts, capture, config, local_dirs, publisher, recovery
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
 from .explain import CacheMissWarning, explain
 from .precompiled import PrecompileTracker
-from .store import EntryInfo, Store, misses
-from .torch_compat import dynamo, inductor_cache, isa
+from .report import CacheReport
+from .session_publish import PublishingSession
+from .store import EntryInfo, Store, generations, misses
+from .torch_compat import cache_use, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
     "CacheReport",
     "CacheSession",
+    "flush",
     "last_report",
     "open_session",
     "precompile_requested",
     "session_for",
 ]
-
-
-@dataclasses.dataclass
-class CacheReport:
-    """What the last ``compile_regions`` restored, compiled and published (``last_report()``)."""
-
-    key: str
-    store: str
-    precompile: bool = False
-    restored_packs: int = 0
-    restored_files: int = 0
-    restored_bytes: int = 0
-    restore_seconds: float = 0.0
-    fxgraph_hits: int = 0
-    fxgraph_misses: int = 0
-    published_packs: int = 0
-    published_bytes: int = 0
-    errors: list[str] = dataclasses.field(default_factory=list)
-    #: why the key was not in the store (None when it was): the fields that differ from the
-    #: closest entry of the same model (``compile_cache.explain``)
-    miss_reason: str | None = None
-    #: Restored files torch could not load (removed, built again; their packs quarantined).
-    load_failures: int = 0
-    #: With precompile, per group (code name): ``label``, ``status`` (``loaded``: its Dynamo
-    #: entry came from the store, tracing skipped; ``new``: traced, saved for the next start;
-    #: ``declined`` / ``failed``: compiled without precompile) and ``reason``.
-    precompile_groups: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-    precompile_hits: int = 0
-    precompile_declined: int = 0
-    precompile_load_errors: int = 0
-
-    @property
-    def hit(self) -> bool:
-        """True when packs were restored, torch loaded them, and no forward so far had to
-        compile anything new."""
-        return self.restored_packs > 0 and self.fxgraph_misses == 0 and self.load_failures == 0
-
-    @property
-    def outcome(self) -> str:
-        """The one meaning of hit, as ``stats`` counts it: ``hit`` (restored, compiled nothing
-        new), ``partial`` (restored, then compiled new graphs), ``miss`` (nothing restored from
-        the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all)."""
-        if self.restored_packs:
-            return "hit" if self.fxgraph_misses == 0 else "partial"
-        if self.fxgraph_hits and not self.fxgraph_misses:
-            return "local"
-        return "miss"
-
-    @property
-    def degraded(self) -> list[str]:
-        """The torch capabilities this process found missing (``torch_compat``; each warned
-        once): what the compile ran without."""
-        return torch_compat.degraded()
-
-    def summary(self) -> str:
-        """One line for logs and the demo."""
-        parts = []
-        if self.restored_packs:
-            parts.append(
-                f"restored {self.restored_packs} pack(s), {self.restored_files} files, "
-                f"{format_size(self.restored_bytes)} in {self.restore_seconds * 1e3:.0f} ms"
-            )
-        else:
-            parts.append("nothing to restore")
-        source = "from the restored packs" if self.restored_packs else "from torch's local cache"
-        parts.append(f"{self.fxgraph_misses} graph(s) compiled, {self.fxgraph_hits} {source}")
-        if self.published_packs:
-            parts.append(
-                f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
-            )
-        if self.precompile_groups:
-            statuses = [g["status"] for g in self.precompile_groups.values()]
-            parts.append("precompile: " + ", ".join(
-                f"{statuses.count(s)} {s}" for s in ("loaded", "new", "declined", "failed")
-                if s in statuses))
-        if self.errors:
-            parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")
-        degraded = self.degraded
-        if degraded:
-            parts.append(f"without torch capabilities {', '.join(degraded)}")
-        return f"key {self.key}: " + "; ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["hit"] = self.hit
-        data["outcome"] = self.outcome
-        data["degraded"] = self.degraded
-        return data
 
 
 _last_report: CacheReport | None = None
@@ -153,8 +68,16 @@ def precompile_requested(precompile: bool | None) -> bool:
     return bool(config.PRECOMPILE.value())
 
 
-class CacheSession:
-    """One model's link to the store: restores at open, publishes after forwards that compiled."""
+class CacheSession(PublishingSession):
+    """One model's link to the store: restores at open, publishes what the model's regions used.
+
+    Capture by use (:mod:`compile_cache.capture`): the end of every compile that added to the
+    usage of one of the model's region groups (a forward frame, or the backward torch compiles
+    lazily inside ``loss.backward()``) queues a publish on the background
+    :mod:`~compile_cache.publisher`, off the training step; so does the end of a forward that
+    compiled. Whatever is still unpublished at interpreter exit is published then (bounded).
+    :meth:`flush` waits for it (the warm-up and the CLI use it).
+    """
 
     def __init__(
         self, store: Store, key: str, model: nn.Module, precompile: bool, plan: Any = None,
@@ -179,32 +102,56 @@ class CacheSession:
         kwargs = getattr(plan, "compile_kwargs", None) or {}
         #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
         self._inductor = kwargs.get("backend") in (None, "inductor")
-        self._capture: artifacts.Capture | None = None
+        #: The region groups' code names: whose usage this model's packs carry.
+        self.owners: tuple[str, ...] = tuple(
+            [g.code_name for g in getattr(plan, "groups", ())]
+            + [p.code_name for p in getattr(plan, "compiled_rest", ())]
+        )
+        self._capture: artifacts.Capture | None = None  # the diff fallback
+        self._by_use = False
+        self._known: dict[str, tuple[str, int, int, str]] = {}  # restored files and digests
+        self._published_generation: int | None = None
+        self._pending_seconds = 0.0  # forward seconds since the last publish (the diff fallback)
+        self._published_seconds = 0.0  # the owners' compile seconds already published
         self._counters = dynamo.CompileCounters.snapshot()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the report and counters (after_forward publishes a diff)
+        self._publish_lock = threading.Lock()
         self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
-        self._extra: dict[str, dict[str, bytes]] = {}  # group -> members the next publish adds
+        #: With precompile: group -> the members of its saved Dynamo entry (every pack's usage)
+        self._extra: dict[str, dict[str, bytes]] = {}
         #: With precompile: the groups' precompiled functions, saved after forwards that traced.
         self.precompiled = PrecompileTracker(self.report, store)
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
-        """Writes every pack of the key into the local Inductor/Triton dirs; explains a miss.
+        """Writes the key's current generation into the local Inductor/Triton dirs; explains a
+        miss.
 
-        Called at open, and again by the distributed flow once another rank has published (then
-        ``count=False``: the restored packs replace the report's, and the miss is not explained
-        again). The start's outcome is counted once its first forward ends (:meth:`after_forward`).
-        Restoring is idempotent: files already present with the same bytes are left alone.
+        Only the members of the newest unit per (region group, slot), for the model's region
+        groups, plus what every pack carries (:mod:`compile_cache.store.generations`); a pack
+        without a manifest is applied whole. Called at open, and again by the distributed flow
+        once another rank has published (then ``count=False``: the restored packs replace the
+        report's, and the miss is not explained again). The start's outcome is counted once its
+        first forward ends (:meth:`after_forward`). Idempotent: files already there are left alone.
         """
         start = time.perf_counter()
         packs = self.store.load(self.key)
+        selection = generations.select([p.info for p in packs], self.owners or None)
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
         for pack in packs:
+            wanted = [name for name, src in selection.sources.items() if src == pack.info.name]
+            if not wanted:
+                pack.close()
+                continue
+            members = pack.members.only(wanted)
             origin = recovery.origin(self.store, pack.info)
             try:
-                result = artifacts.restore(pack.members, origin=origin)
+                result = artifacts.restore(members, origin=origin)
+                nbytes = sum(members.size(name) for name in members)
+                digests = {name: selection.wanted.get(name) or _digest(members, name)
+                           for name in result.files}
             except artifacts.UnrestorableMemberError as exc:
                 # The pack itself is bad for every node (a label no restore knows, a name no
                 # filesystem holds): set it aside once, instead of failing on every start.
@@ -219,7 +166,12 @@ class CacheSession:
             recovery.restored(origin, self.store, pack.info, self.report)
             self.report.restored_packs += 1
             self.report.restored_files += len(result.written) + len(result.present)
-            self.report.restored_bytes += pack.info.data_bytes
+            self.report.restored_bytes += nbytes
+            for name, (real, size, mtime) in result.files.items():
+                self._known[name] = (real, size, mtime, digests[name])
+        if selection.superseded_units:
+            logger.info("compile_cache: %d superseded unit(s) of %s not restored",
+                        selection.superseded_units, self.key[:12])
         self.report.restore_seconds += time.perf_counter() - start
         if self.report.restored_packs and self._inductor:
             # A restored graph whose library torch cannot load compiles instead (and the pack is
@@ -235,12 +187,33 @@ class CacheSession:
         self.precompiled.restored([pack.info.metadata for pack in packs])
         if count and not self.report.restored_packs:
             self._explain_miss()
-        self._capture = artifacts.Capture()
         self._counters = dynamo.CompileCounters.snapshot()
+
+    def start_capture(self) -> None:
+        """Capture by use where torch allows it, else (warned once, counted) the directory diff.
+
+        Another backend than Inductor keeps the diff, as it always had: what it writes into the
+        local dirs (a custom backend may) is all a pack can know of it.
+        """
+        if not self._inductor:
+            self.report.capture = "directory diff"
+            self._capture = artifacts.Capture()
+            return
+        if capture.install():
+            self._by_use = True
+            self.report.capture = "by use"
+            cache_use.on_compiled(_on_compiled)
+            publisher.get().at_exit(_publish_at_exit)
+            _live.add(self)
+        else:
+            self.report.capture = "directory diff"
+            self.store.record_capture_fallback()
+            self._capture = artifacts.Capture()
 
     # -- after forwards ---------------------------------------------------------------------
     def after_forward(self, seconds: float) -> None:
-        """Publishes what a forward compiled; a forward that compiled nothing costs a few lookups."""
+        """Counts what a forward compiled and queues its publish; a forward that compiled
+        nothing costs a few lookups."""
         now = dynamo.CompileCounters.snapshot()
         if now == self._counters:
             if self._counted is None:
@@ -255,20 +228,16 @@ class CacheSession:
             if self._inductor:
                 dynamo.check_counters(diff)
             self._count_outcome()
-            if diff.graphs:  # something traced: a precompiled group's entry may have changed
-                for group, members in self.precompiled.save_changed(self._error).items():
-                    self.add_extra_members(group, members)
-            if diff.fxgraph_miss == 0 and diff.autograd_miss == 0 and not self._extra:
+            self._pending_seconds += seconds
+            if self._by_use:
+                self._prepare_precompile()
+                self.submit_publish()
                 return
-            self._publish(self._capture or artifacts.Capture(), seconds)
+            saved = self._prepare_precompile()
+            if diff.fxgraph_miss == 0 and diff.autograd_miss == 0 and not saved:
+                return
+            self._publish_diff(self._capture or artifacts.Capture())
             self._capture = artifacts.Capture()
-
-    # -- extra members ----------------------------------------------------------------------
-    def add_extra_members(self, group: str, members: dict[str, bytes]) -> None:
-        """Members the next publish includes for ``group`` even when the key's packs hold the
-        same names (a group's Dynamo entry keeps its name when it changes: only new content
-        makes the caller add it)."""
-        self._extra.setdefault(group, {}).update(members)
 
     def _count_outcome(self) -> None:
         """Counts this start in the store's stats, once: at the end of its first forward, and
@@ -278,9 +247,12 @@ class CacheSession:
         if outcome == self._counted:
             return
         if self._counted is None or (self._counted, outcome) in (("hit", "partial"), ("local", "miss")):
-            self.store.record_outcome(self.key, outcome, previous=self._counted,
-                                      nbytes=self.report.restored_bytes)
-            self._counted = outcome
+            previous, self._counted = self._counted, outcome
+            # Written by the background publisher: a stats shard (or, on object storage, a PUT)
+            # never holds up the training step. flush() and interpreter exit wait for it.
+            publisher.get().submit(functools.partial(
+                self.store.record_outcome, self.key, outcome, previous=previous,
+                nbytes=self.report.restored_bytes))
 
     def _explain_miss(self) -> None:
         """Names why the key is not in the store (``report.miss_reason``), records the miss for
@@ -299,48 +271,6 @@ class CacheSession:
             _warnings.warn(f"compile_cache: {explanation.reason}", CacheMissWarning)
         else:
             logger.info("compile_cache: %s", explanation.reason)
-
-    def _publish(self, capture: artifacts.Capture, seconds: float) -> None:
-        try:
-            members = capture.collect()
-        except OSError as exc:
-            self._error("capture", str(exc))
-            return
-        extra: dict[str, bytes] = {}
-        for group_members in self._extra.values():
-            extra.update(group_members)
-        self._extra = {}
-        if not members and not extra:
-            return
-        # Another rank or process may have published the same compile meanwhile. Its bytes can
-        # differ from ours (two g++ runs, pickled timestamps), so content addressing alone would
-        # store a duplicate; torch names FX entries and kernels by their own content keys, so a
-        # member *name* the key's packs already hold is the same artifact: publish only new names.
-        known = self.known_members()
-        if known:
-            members = {name: data for name, data in members.items() if name not in known}
-        members.update(extra)  # new content under a known name: published again
-        if not members:
-            logger.info("compile_cache: what this process compiled is already in the store")
-            return
-        info = self.store.publish(
-            self.key,
-            members,
-            member_info=getattr(capture, "recorded", None),
-            metadata={
-                "fxgraph_misses": self.report.fxgraph_misses,
-                "precompile": self.precompile,
-                "isa_probe": artifacts.isa_probe_answers(),
-                **self.precompiled.metadata(),
-                **self._tags,
-            },
-            entry_info=self._entry_info,
-            compile_seconds=seconds,
-        )
-        if info is not None:
-            self.report.published_packs += 1
-            self.report.published_bytes += info.size
-            logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
 
     def known_members(self) -> frozenset[str]:
         """Member names held by the key's packs now (from the headers the store already read)."""
@@ -425,6 +355,39 @@ def session_for(model: nn.Module) -> CacheSession | None:
         return None
 
 
+# Sessions that capture by use: the compile-end listener and the exit hook find them here.
+_live: weakref.WeakSet[CacheSession] = weakref.WeakSet()
+
+
+def _on_compiled(owners: set[str]) -> None:
+    """A compile added to the usage of ``owners``: queue the publish of every session that has
+    one of them (runs inside torch's compile, so it only queues)."""
+    for session in list(_live):
+        # With precompile, Dynamo's entries are written only outside a compile (after_forward).
+        if owners.intersection(session.owners) and not session.precompile:
+            session.submit_publish()
+
+
+def _publish_at_exit() -> None:
+    for session in list(_live):
+        session._prepare_precompile()
+        session.submit_publish()
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Publishes what every session has not published yet and waits at most ``timeout``
+    seconds for it; True when everything was written."""
+    done = all([session.flush(timeout) for session in list(_live)])
+    return publisher.get().drain(timeout) and done  # counters queued by sessions now gone too
+
+
+def _digest(members: Any, name: str) -> str:
+    digest = hashlib.sha256()
+    for chunk in members.chunks(name):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _device_of(model: nn.Module) -> str:
     for tensor in model.parameters():
         return str(tensor.device.type)
@@ -478,6 +441,7 @@ def open_session(
         session.restore()
     except OSError as exc:
         session._error("restore", str(exc))
+    session.start_capture()
     with _report_lock:
         _last_report = session.report
     logger.info("compile_cache: %s", session.report.summary())

@@ -178,8 +178,8 @@ def run(
     (``train`` and ``grad``) also runs the backward, an eval run with ``grad=True`` only the
     forward. State is preserved (:func:`preserved`). A training run whose output has nothing to
     backpropagate runs forward only (``RunResult.backward`` is False). ``session`` (the store
-    session of the model, if any) hears of the end after the backward too: the session publishes
-    when a forward ends, and torch compiles the backward lazily, after that.
+    session of the model, if any) hears of the end after the backward too, and what the run
+    compiled is published before this returns (other ranks may be waiting for it).
     """
     before = CompileCounters.snapshot()
     start = time.perf_counter()
@@ -199,6 +199,7 @@ def run(
     seconds = time.perf_counter() - start
     if session is not None:
         session.after_forward(seconds)  # the backward compiled after the forward ended
+        session.flush()  # a warm-up publishes before it returns (the other ranks wait for it)
     diff = CompileCounters.snapshot().diff(before)
     return RunResult(diff.fxgraph_hit, diff.fxgraph_miss, seconds, backward)
 

@@ -24,6 +24,7 @@ with torch.no_grad():
     expected = model(tokens)
     compile_cache.compile_regions(model, cache_dir=store, precompile=precompile)
     got = model(tokens)
+assert compile_cache.session.flush(120)  # what the forward compiled is published off the step
 report = compile_cache.last_report()
 print(
     json.dumps(

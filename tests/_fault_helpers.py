@@ -127,6 +127,7 @@ def run_job(cache_dir: Any, backend: Any = None, batch: int = 3) -> tuple[Any, F
     from torch._dynamo.utils import counters
 
     import compile_cache
+    from compile_cache.session import flush
 
     torch._dynamo.reset()
     counters.clear()
@@ -139,6 +140,7 @@ def run_job(cache_dir: Any, backend: Any = None, batch: int = 3) -> tuple[Any, F
         compile_cache.compile_regions(model, cache_dir=cache_dir, backend=backend)
         out = model(x)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    flush(60.0)  # the job ends: what the publisher queued is written, as at interpreter exit
     return compile_cache.last_report(), backend
 
 

@@ -138,22 +138,47 @@ def tiny_llama() -> Callable[..., torch.nn.Module]:
 _MLP_CHILD = Path(__file__).with_name("_mlp_child.py")
 
 
-def run_mlp_child(local: Path, *args: str) -> dict[str, Any]:
-    """Runs tests/_mlp_child.py in a fresh process whose local Inductor/Triton dirs are ``local``."""
+def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process on a new machine (a new container, VM or CI runner): new
+    TMPDIR, HOME, XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, all under
+    ``node``. Torch keeps machine-wide state outside its cache dir (the precompiled header under
+    the temp dir, Triton's ~/.triton), so a new cache dir alone is not a new node. Reusing the
+    same ``node`` is the same machine again."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
     env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    node = Path(os.path.realpath(node))
+    for sub in ("tmp", "home", "xdg"):
+        (node / sub).mkdir(parents=True, exist_ok=True)
     env.update(
-        TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"),
-        TRITON_CACHE_DIR=str(local / "triton"),
+        TMPDIR=str(node / "tmp"), HOME=str(node / "home"), XDG_CACHE_HOME=str(node / "xdg"),
+        TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"), TRITON_CACHE_DIR=str(node / "triton"),
         PYTHONPATH=os.pathsep.join([str(_MLP_CHILD.parents[1]), env.get("PYTHONPATH", "")]),
     )
+    env.update(extra)
+    return env
+
+
+def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]:
+    """Runs tests/SCRIPT on ``node`` (:func:`fresh_node_env`); its last ``RESULT {json}`` line."""
     done = subprocess.run(
-        [sys.executable, str(_MLP_CHILD), *args],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
+        env=fresh_node_env(node, **env), capture_output=True, text=True, timeout=900,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+def drop_precompiled_headers(node: Path) -> None:
+    """Deletes the 149 MB precompiled headers a node built (tests keep their temp dirs)."""
+    for gch in Path(node).rglob("*.gch"):
+        gch.unlink(missing_ok=True)
+
+
+def run_mlp_child(local: Path, *args: str, **env: str) -> dict[str, Any]:
+    """Runs tests/_mlp_child.py in a fresh process on the fresh node ``local``."""
+    return run_child("_mlp_child.py", local, *args, **env)
 
 
 @pytest.fixture(scope="session")

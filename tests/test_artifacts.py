@@ -234,3 +234,17 @@ def test_published_probe_answers_are_named_as_pack_members(tmp_path, monkeypatch
     outside = os.path.realpath(tmp_path / "elsewhere.so")
     monkeypatch.setattr(isa, "observed", lambda: {inside: True, outside: False})
     assert artifacts.isa_probe_answers(dirs) == {"inductor/ab/probe.so": True}
+
+
+# ---------------------------------------------------------------------------- whole libraries
+
+
+def test_is_complete_library_rejects_every_truncation_of_a_real_library() -> None:
+    import compile_cache._C as native
+
+    data = Path(native.__file__).read_bytes()
+    assert artifacts.is_complete_library(data)
+    step = max(1, len(data) // 400)
+    cuts = [n for n in range(0, len(data), step)] + [len(data) - 1]
+    assert not [n for n in cuts if artifacts.is_complete_library(data[:n])]
+    assert not artifacts.is_complete_library(b"not a library at all")

@@ -104,8 +104,10 @@ def test_ranks_real_layout(tmp_path):
 
 
 def test_ranks_hooks_measure_is_rendered(tmp_path):
-    hooks = {"steps": [{"step": 0, "seq": 16, "step_s": 80.0, "hook_ms": 79.6, "published": 1},
-                       {"step": 1, "seq": 16, "step_s": 0.2, "hook_ms": 0.1, "published": 0}],
+    hooks = {"steps": [{"step": 0, "seq": 16, "step_s": 80.0, "hook_ms": 79.6, "published": 1,
+                        "publishing": True},
+                       {"step": 1, "seq": 16, "step_s": 0.2, "hook_ms": 0.1, "published": 0,
+                        "publishing": False}],
              "store_packs": 2003, "max_hook_ms_publishing": 79.6, "goal_hooks": False,
              "size_walk_ms": 190.0, "size_counter_ms": 0.2, "walk_vs_counter": 950.0,
              "read_all_headers_ms": 436.0}
@@ -116,7 +118,8 @@ def test_ranks_hooks_measure_is_rendered(tmp_path):
                          str(tmp_path / "charts")]) == 0
     text = md.read_text()
     assert "(goal ≤ 0.55×: **not met**)" in text
-    assert "| 0 | 16 | 80.00 | 79.60 | 1 |" in text and "2003 packs" in text
+    assert "| 0 | 16 | 80.00 | 79.60 | 1 | yes |" in text and "2003 packs" in text
+    assert "| 1 | 16 | 0.20 | 0.10 | 0 | no |" in text
     assert "(goal < 5 ms: **not met**)" in text
 
 
@@ -261,3 +264,32 @@ def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
     assert text.index("## Object storage") < text.index("## Reliability")
     assert "S3 (moto, 127.0.0.1)" in text and "directory store" in text
     assert "1,234,567" in text and "**1.20x** (not met)" in text
+
+
+def test_cold_start_ratios_per_mode_and_the_training_rows_in_results(tmp_path):
+    import bench_cold_start
+
+    rows = []
+    for mode, scale in (("forward", 1.0), ("train", 2.0)):
+        for strategy, scenario, ttfo, process in (
+            ("eager", "first call", 0.1, 5.0), ("regional", "cold", 20.0, 25.0),
+            ("regional", "torch warm", 4.0, 9.0), ("full", "cold", 30.0, 35.0),
+            ("full", "torch warm", 5.0, 10.0), ("regional", "cc node", 2.0, 6.0),
+            ("regional", "cc node (warm)", 2.2, 6.2),
+        ):
+            rows.append({"model": "2x64", "mode": mode, "strategy": strategy, "scenario": scenario,
+                         "ttfo_s": ttfo * scale, "process_s": process, "fxgraph_miss": 0,
+                         "fxgraph_hit": 1})
+    ratios = bench_cold_start.ratios(rows)
+    train = {r["against"]: r for r in ratios if r["mode"] == "train"}
+    assert train["regional"]["node_vs_warm"] == pytest.approx(0.5)
+    assert train["full"]["node_vs_cold"] == pytest.approx(4.0 / 60.0)
+    assert train["regional"]["process_vs_eager"] == pytest.approx(6.0 / 5.0)
+    assert train["regional"]["warm_publisher_node_vs_warm"] == pytest.approx(0.55)
+    (tmp_path / "cold_start.json").write_text(json.dumps({**COLD, "rows": rows, "ratios": ratios}))
+    md = tmp_path / "RESULTS.md"
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "cold_start", "--results-md",
+                         str(md), "--no-charts"]) == 0
+    text = md.read_text()
+    assert "| train | compile_cache regional | cc node (warm) | 4.40 |" in text
+    assert "| 2x64 | train | regional | 0.50 | 0.10 | 1.20 | 0.55 |" in text

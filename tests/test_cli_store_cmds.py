@@ -222,7 +222,9 @@ def test_stats_after_publish_hit_partial_hit_and_miss(
     s = json.loads(out)
     assert (s["hits"], s["partial_hits"], s["misses"], s["local_hits"]) == (1, 1, 2, 0)
     assert s["hit_rate"] == pytest.approx(1 / 4)
-    assert s["publishes"] == 3 and s["bytes_restored"] > 0 and s["seconds_saved"] > 0
+    # One publish per job at least (the fixture's warm, the partial hit, the miss); a job may
+    # publish more than one pack (each compile's end queues one, carrying what the store lacks).
+    assert s["publishes"] >= 3 and s["bytes_restored"] > 0 and s["seconds_saved"] > 0
     code, out, _ = call(capsys, "stats", "--cache-dir", str(store_copy))
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
     assert lines["Hits"].split()[1] == "1" and lines["Partial hits"].split()[2] == "1"

@@ -340,15 +340,15 @@ def test_mode_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
         ccd.resolve_mode("nfs")
 
 
-def test_publish_skips_member_names_the_key_already_has(tmp_path: Path) -> None:
-    """A rank that compiled the same graphs (byte-different files) adds no duplicate pack."""
+def test_publish_skips_members_the_key_already_holds_by_content(tmp_path: Path) -> None:
+    """A rank that compiled the same graphs adds no duplicate of what the store holds; a file
+    of the same name with other bytes is a new version, kept (issue 12: dedupe by content)."""
     from compile_cache.demo import TinyTransformer
     from compile_cache.session import CacheSession
     from compile_cache.store import Store
 
     store = Store(tmp_path / "store")
     key = "ab" * 16
-    store.publish(key, {"inductor/fxgraph/aa/x/entry": b"rank0", "inductor/xx/k.so": b"so0"})
     session = CacheSession(store, key, TinyTransformer(layers=1, width=8, heads=1, vocab=8), False)
 
     class FakeCapture:
@@ -358,10 +358,14 @@ def test_publish_skips_member_names_the_key_already_has(tmp_path: Path) -> None:
         def collect(self) -> dict[str, bytes]:
             return self.members
 
-    session._publish(FakeCapture({"inductor/fxgraph/aa/x/entry": b"rank1", "inductor/xx/k.so": b"so1"}), 1.0)  # type: ignore[arg-type]
-    assert session.report.published_packs == 0
-    session._publish(FakeCapture({"inductor/xx/k.so": b"so1", "inductor/yy/new.so": b"n"}), 1.0)  # type: ignore[arg-type]
+    first = {"inductor/fxgraph/aa/x/entry": b"rank0", "inductor/xx/k.so": b"so0"}
+    session._publish_diff(FakeCapture(first))  # type: ignore[arg-type]
+    session._publish_diff(FakeCapture(first))  # type: ignore[arg-type]
     assert session.report.published_packs == 1
+    session._publish_diff(FakeCapture({"inductor/xx/k.so": b"so1", "inductor/yy/new.so": b"n"}))  # type: ignore[arg-type]
+    assert session.report.published_packs == 2
+    (pack,) = [p for p in store.entry(key).packs if "inductor/yy/new.so" in p.member_names]
+    assert set(pack.member_names) == {"inductor/xx/k.so", "inductor/yy/new.so"}
     assert session.known_members() >= {"inductor/yy/new.so", "inductor/xx/k.so"}
 
 

@@ -249,15 +249,15 @@ def test_a_follower_lists_the_store_again_until_the_leaders_packs_show(
     key = "ab" * 16
     session = CacheSession(store, key, TinyTransformer(layers=1, width=8, heads=1, vocab=8), False)
     name = store.publish(key, {"inductor/test-relist/x": b"compiled"}).name
-    real, hidden = Layout.pack_paths, [3]
+    real, hidden = Layout.pack_file_names, [3]
 
-    def cached_listing(self: Layout, k: str, *, strict: bool = False) -> list[Path]:
+    def cached_listing(self: Layout, k: str, *, strict: bool = False) -> list[str]:
         if hidden[0] > 0:
             hidden[0] -= 1
             return []
         return real(self, k, strict=strict)
 
-    monkeypatch.setattr(Layout, "pack_paths", cached_listing)
+    monkeypatch.setattr(Layout, "pack_file_names", cached_listing)
     report = WarmUpReport(mode="shared", role="follower", key=key)
     shared.restore_announced(report, session, {name}, leader=0)
     assert session.report.restored_packs == 1

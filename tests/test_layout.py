@@ -23,8 +23,9 @@ PACKAGE = REPO / "compile_cache"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_paths", "_sizes", "_warnings", "config", "_testing"),
     ("torch_compat",),
-    ("fingerprint", "_reference", "plan", "keys", "explain", "store", "locks", "artifacts", "local_dirs"),
-    ("session", "regions", "prefetch", "recovery", "precompiled"),
+    ("fingerprint", "_reference", "plan", "keys", "explain", "store", "locks", "artifacts", "local_dirs",
+     "capture", "publisher", "report"),
+    ("session", "session_publish", "regions", "prefetch", "recovery", "precompiled"),
     ("warmup",),
     ("distributed",),
     ("api",),

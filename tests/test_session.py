@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from _store_helpers import craft_pack
+from conftest import drop_precompiled_headers, fresh_node_env
 
 import compile_cache
 from compile_cache import session
@@ -32,14 +33,9 @@ CHILD = Path(__file__).with_name("_cache_child.py")
 
 
 def _start(tmp: Path, store: Path, *args: str) -> dict:
-    """One job start in a fresh process with new, empty local cache dirs."""
+    """One job start in a fresh process on a fresh node (new TMPDIR, HOME, local cache dirs)."""
     local = Path(os.path.realpath(tmp)) / f"node-{len(list(tmp.glob('node-*')))}"
-    env = dict(
-        os.environ,
-        TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"),
-        TRITON_CACHE_DIR=str(local / "triton"),
-    )
-    env.pop("COMPILE_CACHE_PRECOMPILE", None)
+    env = fresh_node_env(local)
     done = subprocess.run(
         [sys.executable, str(CHILD), str(store), *args],
         env=env, capture_output=True, text=True, timeout=600, check=False,
@@ -56,6 +52,7 @@ def new_node(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cold = _start(tmp, store, "2", "64", "float32")
     warm = _start(tmp, store, "2", "64", "float32")
     changed = _start(tmp, store, "2", "32", "float32")
+    drop_precompiled_headers(tmp)
     return {"store": store, "cold": cold, "warm": warm, "changed": changed, "tmp": tmp}
 
 
@@ -101,6 +98,7 @@ def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> Non
     tmp, store = new_node["tmp"], new_node["tmp"] / "store-precompile"
     cold = _start(tmp, store, "2", "64", "float32", "precompile")
     warm = _start(tmp, store, "2", "64", "float32", "precompile")
+    drop_precompiled_headers(tmp)
     assert cold["report"]["published_packs"] == 1
     assert warm["report"]["restored_packs"] == 1
     assert warm["fxgraph_miss"] == 0

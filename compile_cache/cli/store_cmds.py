@@ -198,6 +198,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Hit rate", f"{rate}  (hits / hits + partial hits + misses)"),
         ("Local-cache hits", f"{s['local_hits']}  (nothing from the store: torch's own local cache had it)"),
         ("Errors", errors),
+        ("Fallbacks", f"{s['capture_fallbacks']} directory-diff capture(s), "
+                      f"{s['backend_fallbacks']} Python fingerprint(s)"),
         ("Corrupt packs", f"{s['corrupt']} ({s['quarantined']} in quarantine)"),
         ("Incompatible packs", s["incompatible"]),
         ("Failed to load", f"{s['load_failures']} restored packs torch could not load (quarantined)"),
@@ -260,6 +262,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"note: pack of another format version left in place: {path}")
     for path in report.other_signer_packs:
         print(f"note: pack signed with another key (or unsigned) left for its readers: {path}")
+    if report.compactable:
+        print(("" if args.fix else "note: ") + _compacted_line(report.compactable, not args.fix)
+              + ("" if args.fix else f" (`{PROG} verify --fix` or `{PROG} prune` does it)"))
     if args.fix and found:
         print(f"Fixed {len(found)} problem(s): corrupt packs quarantined, the rest removed")
     left = _problems(remaining)
@@ -277,41 +282,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # prune / clear
 # ---------------------------------------------------------------------------------------------
-def _print_removal(entries: Sequence[Any], verb: str, store: Any, as_json: bool, dry_run: bool) -> None:
+def _print_removal(entries: Sequence[Any], verb: str, store: Any, as_json: bool, dry_run: bool,
+                   compacted: Sequence[Any] = ()) -> None:
     if as_json:
         print_json({
             "store": store.location, "dry_run": dry_run,
             "removed": [e.key for e in entries], "bytes": sum(e.size for e in entries),
+            "compacted": [c.to_dict() for c in compacted],
         })
         return
-    if not entries:
+    if not entries and not compacted:
         print(f"Nothing to {verb} in {store.location}")
         return
-    now = time.time()
-    print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
-    total = format_size(sum(e.size for e in entries))
-    what = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} ({total})"
-    print(f"\nWould remove {what}" if dry_run else f"\nRemoved {what}")
+    if entries:
+        now = time.time()
+        print(table(_ENTRY_HEADERS, [_entry_row(e, now) for e in entries], right={3, 4}))
+        total = format_size(sum(e.size for e in entries))
+        what = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} ({total})"
+        print(f"\nWould remove {what}" if dry_run else f"\nRemoved {what}")
+    if compacted:
+        print(_compacted_line(compacted, dry_run))
+
+
+def _compacted_line(compacted: Sequence[Any], dry_run: bool) -> str:
+    """One line for entries whose superseded packs are merged away (see store.generations)."""
+    packs = sum(len(c.merged) for c in compacted)
+    before = format_size(sum(c.bytes_before for c in compacted))
+    n = len(compacted)
+    what = f"{n} entr{'y' if n == 1 else 'ies'} holding superseded generations ({packs} packs, {before})"
+    if dry_run:
+        return f"Would compact {what} into one pack each"
+    return f"Compacted {what} into one pack each ({format_size(sum(c.bytes_after for c in compacted))})"
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Evict entries by size cap (LRU), age, or key."""
+    """Evict entries by size cap (LRU), age, or key; compact the rest (superseded packs go)."""
     max_size = parse_size(args.max_size, name="--max-size") if args.max_size is not None else None
     older = parse_age(args.older_than, name="--older-than") if args.older_than is not None else None
     store = open_store(args)
     keys = _resolve_keys(store, args.key) if args.key else None
     criteria = {"max_size": max_size, "older_than": older, "keys": keys}
     if args.dry_run:
-        _print_removal(store.evict(dry_run=True, **criteria), "prune", store, args.json, True)
+        planned = store.evict(dry_run=True, **criteria)
+        removed = {e.key for e in planned}
+        compactable = [c for c in store.compact(dry_run=True) if c.key not in removed]
+        _print_removal(planned, "prune", store, args.json, True, compactable)
         return 0
     planned = store.evict(dry_run=True, **criteria)
     if not planned:
-        _print_removal([], "prune", store, args.json, False)
+        _print_removal([], "prune", store, args.json, False, store.compact())
         return 0
     if not confirm(args, f"remove {len(planned)} cache entries from {store.location}"):
         print("Aborted")
         return 1
-    _print_removal(store.evict(**criteria), "prune", store, args.json, False)
+    removed = store.evict(**criteria)
+    _print_removal(removed, "prune", store, args.json, False, store.compact())
     return 0
 
 

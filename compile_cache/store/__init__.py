@@ -34,7 +34,7 @@ from .pack import (
     read_pack_header,
 )
 from .reader import decode_pack
-from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
+from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .safety import resolve_location
 from .stats import COUNTERS, STATS_SHARDS
 
@@ -46,6 +46,7 @@ __all__ = [
     "ORPHAN_AGE",
     "QUARANTINE_KEEP",
     "STATS_SHARDS",
+    "CompactReport",
     "EntryInfo",
     "ImportReport",
     "IncompatiblePackError",

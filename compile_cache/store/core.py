@@ -38,13 +38,9 @@ from ._io import (
     warn_once,
 )
 from .layout import Layout
-from .pack import (
-    FORMAT_VERSION,
-    PackLimits,
-    signer_id,
-)
+from .pack import FORMAT_VERSION, PackLimits, signer_id
 from .reader import CheckedPack
-from .records import EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
+from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
 from .remote import remote_location
 from .safety import check_tree, resolve_location
 
@@ -79,9 +75,8 @@ class Store:
         if read_only is not None and not isinstance(read_only, bool):
             raise TypeError(f"read_only must be a bool or None, got {type(read_only).__name__}: {read_only!r}")
         if signing_key is not None and not isinstance(signing_key, (bytes, str)):
-            raise TypeError(
-                f"signing_key must be bytes, str or None, got {type(signing_key).__name__}"
-            )
+            raise TypeError(f"signing_key must be bytes, str or None, "
+                            f"got {type(signing_key).__name__}")
         #: On object storage (``s3://...``): its objects, ``root`` its local tier (:mod:`.remote`).
         self.remote, path, source = remote_location(path)
         self.root, self.location_source = resolve_location(path)
@@ -89,15 +84,12 @@ class Store:
         self.location: str = self.remote.display if self.remote else str(self.root)
         self.shared_group: bool = config.SHARED.value()
         self.dir_mode, self.file_mode = (0o2775, 0o664) if self.shared_group else (0o700, 0o600)
-        if max_size is None:
-            self.max_size = config.MAX_SIZE.value()
-        else:
-            self.max_size = parse_size(max_size, name="max_size")
+        self.max_size = (config.MAX_SIZE.value() if max_size is None
+                         else parse_size(max_size, name="max_size"))
         if signing_key is None:
             signing_key = config.SIGNING_KEY.value()
-        self.signing_key: bytes | None = (
-            signing_key.encode() if isinstance(signing_key, str) else signing_key
-        ) or None
+        self.signing_key: bytes | None = (signing_key.encode() if isinstance(signing_key, str)
+                                          else signing_key) or None
         #: The id packs signed with this store's key carry (None without a key).
         self.signer: str | None = signer_id(self.signing_key)
         #: The bounds a pack must stay within (COMPILE_CACHE_MAX_PACK_SIZE, ...).
@@ -167,11 +159,8 @@ class Store:
     def _io_error(self, what: str, exc: BaseException, path: Path | None = None) -> None:
         kind = errno_name(exc)
         where = f" ({path})" if path else ""
-        warn_once(
-            self.root,
-            f"io-{what}-{kind}",
-            f"compile cache: could not {what}{where}: {kind}: {exc}; going on without caching it",
-        )
+        warn_once(self.root, f"io-{what}-{kind}",
+                  f"compile cache: could not {what}{where}: {kind}: {exc}; going on without caching it")
         self._bump(errors=1, errors_by_kind={kind: 1})
 
     def _write(self, target: Path, data: Any, *, exclusive: bool = False, fsync: bool = True) -> bool:
@@ -238,6 +227,10 @@ class Store:
     def record_backend_fallback(self) -> None:
         """Count a fallback from the native fingerprint backend to the reference one."""
         self._bump(backend_fallbacks=1)
+
+    def record_capture_fallback(self) -> None:
+        """Count a capture that diffed the local cache dirs (a torch hook it needs is missing)."""
+        self._bump(capture_fallbacks=1)
 
     def record_failed_hit(self, key: str) -> None:
         """The hit counted for ``key`` was not one after all (torch could not load what the
@@ -439,6 +432,13 @@ class Store:
             None if keys is None else set(key_list(keys)),
             dry_run,
         )
+
+    def compact(self, keys: Iterable[str] | None = None, dry_run: bool = False) -> list[CompactReport]:
+        """Merge each entry's packs (all, or ``keys``) into one holding its current generation."""
+        if not dry_run:
+            self._require_writable("compact")
+        done = [maintenance.compact(self, k, dry_run) for k in key_list(keys or self.layout.keys())]
+        return [d for d in done if d is not None]
 
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""

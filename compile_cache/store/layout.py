@@ -130,15 +130,20 @@ class Layout:
     def pack_paths(self, key: str, *, strict: bool = False) -> list[Path]:
         """The pack files of ``key``; an unreadable directory raises with ``strict``, else is empty."""
         packs_dir = self.packs_dir(key)
+        return [packs_dir / n for n in self.pack_file_names(key, strict=strict)]
+
+    def pack_file_names(self, key: str, *, strict: bool = False) -> list[str]:
+        """The names of ``key``'s pack files, sorted: the one listing of a key's packs (a
+        directory listing NFS may serve from its attribute cache; callers may list again)."""
         try:
-            names = os.listdir(packs_dir)
+            names = os.listdir(self.entry_strings(key)[3])
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError:
             if strict:
                 raise
             return []
-        return [packs_dir / n for n in sorted(names) if PACK_RE.fullmatch(n)]
+        return [n for n in sorted(names) if PACK_RE.fullmatch(n)]
 
 
 @dataclass

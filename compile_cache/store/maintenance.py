@@ -21,10 +21,10 @@ from .._sizes import format_size
 from ..errors import CorruptPackError
 from ..locks import optional_lock
 from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
-from . import stats
+from . import generations, stats
 from ._io import check_seconds, open_nofollow, read_json_file
-from .pack import IncompatiblePackError, SignatureMismatchError
-from .records import EntryInfo, VerifyReport
+from .pack import IncompatiblePackError, SignatureMismatchError, content_hash, encode_pack
+from .records import CompactReport, EntryInfo, VerifyReport
 from .safety import trust_problem
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ __all__ = [
     "ORPHAN_AGE",
     "QUARANTINE_KEEP",
     "clear",
+    "compact",
     "enforce_cap",
     "evict",
     "recount_size",
@@ -265,6 +266,14 @@ def verify(
                 if fix:
                     store._quarantine(path, key)
                     store._bump(corrupt=1)
+        try:  # superseded generations: listed, merged away with fix
+            compacted = compact(store, key, dry_run=not fix)
+        except (OSError, CorruptPackError) as exc:
+            logger.debug("could not compact %s: %s", key, exc)
+            compacted = None
+        if compacted is not None:
+            report.compactable.append(compacted)
+            packs = layout.pack_paths(key)
         anchor = layout.packs_dir(key) if layout.packs_dir(key).is_dir() else entry
         if not packs and old(anchor):
             report.empty_entries.append(entry)
@@ -312,4 +321,77 @@ def verify(
     report.size_drift = stats.tracked_size(store)[0] - exact
     if fix and not store.read_only:
         stats.correct_size(store, exact)
+    return report
+
+
+def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
+    """Merge ``key``'s packs into one holding exactly its current generation
+    (:mod:`.generations`), then delete the packs merged; None when it is compact already.
+
+    The new pack is written (temp name, fsync, rename) before any old pack goes, and it keeps
+    the newest merged pack's creation time, so a pack another process publishes meanwhile is
+    still the newer one; packs that arrive during the merge are never touched.
+    """
+    plan = generations.compaction(store.entry(key).packs if store.entry(key) else ())
+    if plan is None:
+        return None
+    merged, _ = plan
+    report = CompactReport(key=key, merged=[p.path for p in merged],
+                           bytes_before=sum(p.size for p in merged))
+    if dry_run:
+        return report
+    loaded = {p.info.name: p for p in store.load(key)}
+    try:
+        return _merge(store, key, report, merged, loaded)
+    finally:
+        for pack in loaded.values():
+            pack.close()
+
+
+def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
+           loaded: dict[str, Any]) -> CompactReport | None:
+    described = [loaded[p.name] for p in merged if p.name in loaded]
+    if len(described) != len(merged):
+        return None  # changed under us (evicted, quarantined): the next run compacts
+    selection = generations.select([p.info for p in loaded.values()])
+    names = {p.info.name for p in described}
+    members = {name: loaded[src].members[name] for name, src in selection.sources.items()
+               if src in names}
+    member_info = {name: loaded[src].members.info(name) for name, src in selection.sources.items()
+                   if name in members}
+    digests = {name: d for name, d in selection.wanted.items() if name in members and d}
+    always: set[str] = set()
+    isa: dict[str, object] = {}
+    for pack in described:
+        always.update(generations.manifest_of(pack.info.metadata)["always"])
+        isa.update(pack.info.metadata.get("isa_probe") or {})
+    metadata = dict(described[-1].info.metadata)
+    metadata[generations.MANIFEST_KEY] = generations.make_manifest(
+        selection.units, always, digests)
+    metadata["isa_probe"] = {k: v for k, v in isa.items() if k in members} or None
+    metadata["compacted"] = len(described)
+    name = content_hash(members, store.signer)
+    target = store.layout.pack_path(key, name)
+    added = 0  # what the store's size counter gains (the merged pack) and loses (the merged ones)
+    if members and not target.exists():
+        _, chunks, size = encode_pack(
+            key, members, metadata, signing_key=store.signing_key, name=name,
+            created=max(p.info.created for p in described),
+            compile_seconds=sum(p.info.compile_seconds for p in described),
+            member_info=member_info,
+        )
+        if store._write(target, chunks):
+            added += size
+    for pack in described:
+        if pack.info.name != name:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pack.info.path)
+                added -= pack.info.size
+    if added:
+        store._bump(stored_bytes=added)
+    report.written = target if members else None
+    with contextlib.suppress(OSError):
+        report.bytes_after = os.lstat(target).st_size if members else 0
+    logger.info("compacted %s: %d packs into one (%s -> %s)", key[:12], len(described),
+                format_size(report.bytes_before), format_size(report.bytes_after))
     return report

@@ -177,6 +177,8 @@ _PT_LOAD, _SHT_NULL, _SHT_NOBITS = 1, 0, 8
 
 
 def _elf_problem(size: int, head: bytes, read_at: ReadAt) -> str | None:
+    if len(head) < 6:
+        return f"ELF header needs 64 bytes, the file has {size}: truncated"
     cls, data_enc = head[4], head[5]
     if cls not in (1, 2) or data_enc not in (1, 2):
         return f"bad ELF class/encoding ({cls}, {data_enc})"

@@ -36,7 +36,7 @@ def entry_records(store: Store) -> Iterator[tuple[str, dict[str, Any], int]]:
     layout = store.layout
     for key in layout.keys():
         record, _garbage = read_json_file(layout.entry_json(key))
-        yield key, record or {}, len(layout.pack_paths(key))
+        yield key, record or {}, len(layout.pack_file_names(key))
 
 
 def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -226,8 +226,10 @@ class PackMembers(Mapping[str, bytes]):
         self._names = sorted(checked.entries)
         self._finalizer = weakref.finalize(self, checked.close)  # the file closes with us
 
+    _only: frozenset[str] | None = None  # a view of some members (only())
+
     def __getitem__(self, name: str) -> bytes:
-        if name not in self._pack.entries:
+        if name not in self:
             raise KeyError(name)
         return self._pack.read(name)
 
@@ -238,7 +240,7 @@ class PackMembers(Mapping[str, bytes]):
         return len(self._names)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._pack.entries
+        return name in self._pack.entries and (self._only is None or name in self._only)
 
     def size(self, name: str) -> int:
         return self._pack.member_size(name)
@@ -255,6 +257,14 @@ class PackMembers(Mapping[str, bytes]):
     def close(self) -> None:
         """Close the pack file (reading a member afterwards fails)."""
         self._finalizer()
+
+    def only(self, names: Iterable[str]) -> PackMembers:
+        """The members among ``names``, read from the same pack file (closed with it)."""
+        view = object.__new__(type(self))
+        view._pack, view._finalizer = self._pack, self._finalizer
+        view._names = sorted({n for n in names if n in self._pack.entries})
+        view._only = frozenset(view._names)
+        return view
 
     def __repr__(self) -> str:
         return f"PackMembers({len(self._names)} members)"

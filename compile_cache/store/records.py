@@ -15,7 +15,7 @@ from ._io import read_json_file
 from .layout import Layout
 from .pack import read_pack_header
 
-__all__ = ["EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
+__all__ = ["CompactReport", "EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class EntryInfo:
     @classmethod
     def read(cls, layout: Layout, key: str) -> EntryInfo | None:
         """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
-        entry, entry_json, used, _packs_dir = layout.entry_strings(key)
+        entry, entry_json, used, packs_dir = layout.entry_strings(key)
         try:
             scan = list(os.scandir(entry))
         except OSError:  # gone, or unreadable (EACCES, ESTALE): nothing to list
@@ -105,8 +105,8 @@ class EntryInfo:
                 if item.is_file(follow_symlinks=False):  # regular files only, as lstat says
                     size += item.stat(follow_symlinks=False).st_size
         packs: list[PackInfo] = []
-        for pack_path in layout.pack_paths(key):  # the one listing of packs (NFS: re-listed there)
-            name, path = pack_path.name, str(pack_path)
+        for name in layout.pack_file_names(key):
+            path = os.path.join(packs_dir, name)
             try:
                 st = os.lstat(path)
                 size += st.st_size
@@ -159,6 +159,8 @@ class VerifyReport:
     bad_stats: list[Path] = field(default_factory=list)
     empty_entries: list[Path] = field(default_factory=list)
     old_quarantine: list[Path] = field(default_factory=list)
+    #: Entries whose packs hold superseded generations (not a problem; ``fix`` compacts them).
+    compactable: list[CompactReport] = field(default_factory=list)
     #: Bytes the size counter (the cap's measure) is off by: counted minus found; ``fix`` zeroes it.
     size_drift: int = 0
     fixed: bool = False
@@ -178,7 +180,8 @@ class VerifyReport:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, list):
-                value = [[str(v[0]), v[1]] if isinstance(v, tuple) else str(v) for v in value]
+                value = [v.to_dict() if isinstance(v, CompactReport)
+                         else [str(v[0]), v[1]] if isinstance(v, tuple) else str(v) for v in value]
             out[f.name] = value
         out["ok"] = self.ok
         return out
@@ -192,3 +195,20 @@ class ImportReport:
     packs_added: int = 0
     packs_present: int = 0
 
+
+
+@dataclass
+class CompactReport:
+    """One entry's compaction: the packs merged into one that holds the current generation."""
+
+    key: str
+    merged: list[Path] = field(default_factory=list)
+    written: Path | None = None
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"key": self.key, "merged": [str(p) for p in self.merged],
+                "written": None if self.written is None else str(self.written),
+                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after}

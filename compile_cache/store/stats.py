@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,7 @@ COUNTERS: tuple[str, ...] = (
     "evictions",
     "evicted_bytes",
     "backend_fallbacks",
+    "capture_fallbacks",
     "stored_bytes",
     "size_recounts",
     "signature_mismatch",
@@ -114,8 +116,26 @@ def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]
     return into
 
 
+#: The threads of one process (the job's, the background publisher's) share a store's pending
+#: counts and its stats shard: one at a time, or a count one of them adds is lost.
+_bump_lock = threading.RLock()
+
+
+def _new_bump_lock_in_child() -> None:
+    global _bump_lock  # a fork while the publisher's thread held it would leave it held
+    _bump_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_bump_lock_in_child)
+
+
 def bump(store: Store, delta: Mapping[str, Any]) -> None:
     """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
+    with _bump_lock:
+        _bump(store, delta)
+
+
+def _bump(store: Store, delta: Mapping[str, Any]) -> None:
     add_counts(store._pending, delta)
     if getattr(store, "remote", None) is not None:
         store.remote.count(store, dict(delta))  # the URL's counters (this process's object)

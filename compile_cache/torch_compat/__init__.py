@@ -14,7 +14,9 @@ compile_cache imports no private torch module. Modules: :mod:`.dynamo` (counters
 failures, cache entries, recompile limit, the OptimizedModule check), :mod:`.precompile`
 (Dynamo's caching precompile, with its guard filter, entry names and pins),
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
-probe: the hook and the background builds), :mod:`.c10d` (the default c10d store),
+probe: the hook and the background builds), :mod:`.cache_use` (which cache entries a compile
+used: capture by use), :mod:`.cpp_header` (Inductor's precompiled header, built only when
+needed), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
 :mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks) and
 :mod:`.kv_calls` (how a block with a cache is called: the eager update or a layer view).
@@ -41,7 +43,8 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv_cache")
+MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv_cache", "cache_use",
+           "cpp_header")
 
 
 class TorchCompatWarning(RuntimeWarning):

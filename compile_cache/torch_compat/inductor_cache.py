@@ -4,6 +4,11 @@ Where Inductor (and Triton under it) keeps compiled code, and its precompiled he
 one hook around torch's load of a cached FX graph, so that an entry whose files torch cannot load
 is a miss that compiles, never a crash.
 
+Also the two facts a capture needs about files in them: the pack member name of a path
+(:func:`member_name`) and a compiled library's bytes read under torch's own lock for it
+(:func:`read_locked`, ``codecache.get_lock_dir`` and ``torch.utils._filelock``; part of the
+``cache_use.capture`` capability).
+
 ``inductor.cache_dir``: ``torch._inductor.runtime.cache_dir_utils.cache_dir`` (torch's own
 resolution, when that module is loaded) and ``torch._environment.is_fbcode``. ``import
 torch._inductor`` costs about a second in a cold process and restore runs before torch pays it,
@@ -14,10 +19,12 @@ absolute. Without the capability the replicated rule is used throughout.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import logging
 import os
 import re
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -27,10 +34,13 @@ from . import available, capability
 
 __all__ = [
     "LOAD_ERRORS",
+    "KernelFile",
     "cache_dir",
     "configured_cache_dir",
     "default_cache_dir",
     "guard_cache_loads",
+    "member_name",
+    "read_locked",
     "redirect_header_dir",
 ]
 
@@ -81,6 +91,43 @@ def cache_dir() -> str:
     if sys.modules.get(_CACHE_DIR_MODULE) is not None and available("inductor.cache_dir"):
         return str(sys.modules[_CACHE_DIR_MODULE].cache_dir())
     return _replicated_rule()
+
+
+def member_name(path: str) -> str | None:
+    """``inductor/<path relative to torch's cache dir>`` (real paths), or None outside it."""
+    root = os.path.realpath(cache_dir())
+    real = os.path.realpath(path)
+    if real == root or os.path.commonpath([root, real]) != root:
+        return None
+    return "inductor/" + os.path.relpath(real, root).replace(os.sep, "/")
+
+
+@dataclasses.dataclass
+class KernelFile:
+    """A compiled library torch loaded: its path, torch's key for it (its lock name), stat."""
+
+    path: str
+    key: str
+    size: int
+    mtime_ns: int
+
+
+def read_locked(kernel: KernelFile, timeout: float = 30.0) -> bytes | None:
+    """The library's bytes, read under torch's own lock for its key (which torch holds while it
+    links the file in place), or None when it is gone, not a regular file, or locked too long."""
+    from torch._inductor.codecache import get_lock_dir
+    from torch.utils._filelock import FileLock
+
+    try:
+        with FileLock(os.path.join(get_lock_dir(), kernel.key + ".lock"), timeout=timeout):
+            st = os.lstat(kernel.path)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            with open(kernel.path, "rb") as f:
+                return f.read()
+    except Exception as exc:
+        log.debug("compile_cache: cannot read %s: %s", kernel.path, exc)
+        return None
 
 
 def configured_cache_dir() -> str:

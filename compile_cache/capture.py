@@ -1,0 +1,200 @@
+"""What a pack holds: the cache entries a model's region groups used, hit or written.
+
+:mod:`compile_cache.torch_compat.cache_use` records, per region group (its code name), every
+AOTAutograd and FX-graph entry torch's caches handed out or stored and every kernel library
+torch loaded for them, in *units* (one per Dynamo graph, with a slot saying what the graph is
+for). :func:`usage` turns the records of a model's groups into candidate members; the ISA
+probe's test libraries (with the answers torch's probe gave) are added to every model's pack,
+since every process needs them before its first CPU kernel. :func:`resolve` then reads what the
+store lacks (by content: member name and SHA-256) and describes the whole usage in a manifest
+(:mod:`compile_cache.store.generations`), so that a newer pack supersedes what it replaces.
+
+Libraries are read under torch's own lock for their key (torch holds it while it links the file
+in place) and kept only when whole (:func:`compile_cache.artifacts.is_complete_library`); a file
+this process restored and that is unchanged since is not read again to learn its digest.
+
+Where torch lacks a hook, :class:`compile_cache.artifacts.Capture` (a diff of the local cache
+dirs) takes over: the session warns once and counts a ``capture_fallbacks`` in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from . import artifacts
+from .store import generations
+from .torch_compat import cache_use, inductor_cache, isa
+
+__all__ = ["Candidate", "Known", "Usage", "counts", "install", "resolve", "usage"]
+
+log = logging.getLogger("compile_cache")
+
+#: member -> (real path, size, mtime_ns, sha256) of a file restored from the store
+Known = Mapping[str, tuple[str, int, int, str]]
+
+_lock = threading.Lock()
+_counts = {"incomplete_skipped": 0, "unreadable": 0, "read": 0}
+
+
+def install() -> bool:
+    """Capture by use is possible in this process (hooks attached); False: use the diff."""
+    return cache_use.install()
+
+
+def counts() -> dict[str, int]:
+    """Libraries skipped because incomplete, members that could not be read, files read."""
+    with _lock:
+        return dict(_counts)
+
+
+def _count(name: str) -> None:
+    with _lock:
+        _counts[name] += 1
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A member a model used: its digest when known without reading it, and how to read it."""
+
+    member: str
+    digest: str | None
+    read: Callable[[], bytes | None]
+
+
+@dataclasses.dataclass
+class Usage:
+    """What a model's groups used: candidates, the units (scope, slot, members) and the members
+    every pack carries (``always``); ``generation`` changes whenever any of it changes."""
+
+    candidates: dict[str, Candidate]
+    units: list[dict[str, Any]]
+    always: list[str]
+    generation: int
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_library(kernel: inductor_cache.KernelFile) -> bytes | None:
+    data = inductor_cache.read_locked(kernel)
+    _count("read")
+    if data is None:
+        _count("unreadable")
+        return None
+    if not artifacts.is_complete_library(data):
+        _count("incomplete_skipped")
+        log.info("compile_cache: %s is not a whole library (still being written?); left out",
+                 kernel.path)
+        return None
+    return data
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        _count("unreadable")
+        return None
+
+
+def _known_digest(member: str, path: str, known: Known) -> str | None:
+    """The digest of ``path`` if this process restored it and it has not changed since."""
+    entry = known.get(member)
+    if entry is None or entry[0] != os.path.realpath(path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return entry[3] if (st.st_size, st.st_mtime_ns) == (entry[1], entry[2]) else None
+
+
+def usage(owners: Sequence[str], known: Known | None = None,
+          extra: Mapping[str, Mapping[str, bytes]] | None = None) -> Usage:
+    """The candidate members of the region groups ``owners`` (code names), plus the ISA probe's
+    libraries and ``extra`` (group -> member -> bytes: a group's saved Dynamo precompile entry,
+    one unit per group, so a newer entry of the group supersedes the older one)."""
+    known = known or {}
+    snapshot, generation = cache_use.snapshot(owners)
+    candidates: dict[str, Candidate] = {}
+    units: list[dict[str, Any]] = []
+    ordinal: dict[tuple[str, str], int] = {}
+    for owner, unit in snapshot:
+        n = ordinal.get((owner, unit.slot), 0)
+        ordinal[(owner, unit.slot)] = n + 1
+        members = []
+        for member, data in unit.entries.items():
+            candidates[member] = Candidate(member, _sha256(data), lambda data=data: data)
+            members.append(member)
+        for member, kernel in unit.kernels.items():
+            digest = _known_digest(member, kernel.path, known)
+            candidates.setdefault(member, Candidate(
+                member, digest, lambda kernel=kernel: _read_library(kernel)))
+            members.append(member)
+        for member, path in unit.files.items():
+            candidates.setdefault(member, Candidate(
+                member, _known_digest(member, path, known), lambda path=path: _read_file(path)))
+            members.append(member)
+        units.append({"scope": owner, "slot": f"{unit.slot}#{n}", "members": members})
+    always = []
+    for path in isa.observed():
+        member = inductor_cache.member_name(path)
+        if member is None or not os.path.isfile(path):
+            continue
+        name = os.path.basename(path)
+        kernel = inductor_cache.KernelFile(path, name[:-3] if name.endswith(".so") else name, 0, 0)
+        candidates.setdefault(member, Candidate(
+            member, _known_digest(member, path, known), lambda kernel=kernel: _read_library(kernel)))
+        always.append(member)
+    extra_digests = []
+    for group, entry in (extra or {}).items():
+        for member, data in entry.items():
+            digest = _sha256(data)
+            candidates[member] = Candidate(member, digest, lambda data=data: data)
+            extra_digests.append(digest)
+        units.append({"scope": group, "slot": "dynamo-precompile#0", "members": sorted(entry)})
+    # Changes whenever anything to publish does (a replaced entry keeps its name, not its bytes).
+    marker = hash((generation, len(always), tuple(extra_digests)))
+    return Usage(candidates, units, always, marker)
+
+
+def resolve(found: Usage, held: Mapping[str, set[str | None]]
+            ) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """``(members the store lacks, manifest of the whole usage)``; unreadable members and
+    incomplete libraries are left out of both (the restoring process compiles them again)."""
+    digests: dict[str, str] = {}
+    members: dict[str, bytes] = {}
+    for member, candidate in found.candidates.items():
+        data = None
+        digest = candidate.digest
+        if digest is None:
+            data = candidate.read()
+            if data is None:
+                continue
+            digest = _sha256(data)
+        if generations.holds(held, member, digest):
+            digests[member] = digest
+            continue
+        if data is None:
+            data = candidate.read()
+            if data is None:
+                continue
+            digest = _sha256(data)
+        digests[member] = digest
+        members[member] = data
+    return members, generations.make_manifest(found.units, found.always, digests)
+
+
+def _reset() -> None:
+    """Forget the counts (tests)."""
+    with _lock:
+        for name in _counts:
+            _counts[name] = 0
