@@ -10,8 +10,9 @@ keywords, environment), the group and its keywords: no two models or groups shar
 A group that cannot use precompile compiles normally, with every default guard, and says why:
 another backend than Inductor (the others save no compiled code), the user's own
 ``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, blocks that take a KV
-cache (:data:`KV_CACHE_DECLINE`: :func:`compile_plain` compiles them, as without precompile), a
-guard that cannot be saved faithfully (seen while tracing), an entry that does not load. Each
+cache, for the calls that pass one (:data:`KV_CACHE_DECLINE`: :class:`CacheRoutedCall` sends
+those to :func:`compile_plain`; the group's calls without a cache precompile), a guard that
+cannot be saved faithfully (seen while tracing), an entry that does not load. Each
 such group is warned about (:class:`RegionPrecompileWarning`) and reported to the session, which
 counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
 """
@@ -37,6 +38,7 @@ logger = logging.getLogger("compile_cache")
 __all__ = [
     "KV_CACHE_DECLINE",
     "BoundCall",
+    "CacheRoutedCall",
     "GroupPrecompiler",
     "PrecompileEvent",
     "PrecompileSetup",
@@ -51,11 +53,12 @@ class RegionPrecompileWarning(RuntimeWarning):
     """A region does not use precompile (it compiles normally, so Dynamo traces it at each start)."""
 
 
-#: Why a group whose blocks take a KV cache declines precompile (before compiling).
+#: Why the calls that pass a KV cache to a group's blocks compile without precompile.
 KV_CACHE_DECLINE = (
     "its blocks take a KV cache, whose update runs eagerly between two graphs "
     "(compile_cache.torch_compat.kv_cache), and precompiled code with that graph break is not "
-    "proven yet"
+    "proven yet: calls that pass a cache (generation) compile without precompile, calls "
+    "without one (training, scoring, use_cache=False) precompile"
 )
 
 
@@ -106,6 +109,34 @@ class BoundCall:
         return self.pf(self.module, *args, **kwargs)
 
 
+class CacheRoutedCall:
+    """A member of a group whose blocks take a KV cache: a call that passes a cache runs the
+    group's plain compile (every default guard, the cache paths of
+    :mod:`compile_cache.torch_compat.kv_calls`), a call without one the precompiled function.
+    The two never share compiled code, so a cache call can never pick a graph traced without
+    one, nor the reverse."""
+
+    __slots__ = ("precompiled", "plain", "probe")
+
+    def __init__(self, precompiled: BoundCall, plain: Any, probe: Any) -> None:
+        self.precompiled = precompiled
+        self.plain = plain
+        self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
+
+    @property
+    def pf(self) -> pc.PrecompiledFunction:
+        return self.precompiled.pf
+
+    @property
+    def __self__(self) -> nn.Module:  # the block, as a bound method has it (kv_calls reads it)
+        return self.precompiled.module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.probe.passes_cache(args, kwargs):
+            return self.plain(*args, **kwargs)
+        return self.precompiled(*args, **kwargs)
+
+
 _FUNCTIONS: dict[str, pc.PrecompiledFunction] = {}  # entry name -> its function, process-wide
 _LOCK = threading.Lock()
 
@@ -129,6 +160,7 @@ class GroupPrecompiler:
         self.template = template
         self.functions: dict[str, pc.PrecompiledFunction] = {}
         self._declines: dict[str, list[str]] = {}  # reason -> group labels, warned at finish()
+        self._routed: set[str] = set()  # groups whose cache calls compile plain (reported once)
 
     def function(self, code_name: str, label: str, compile_kwargs: dict[str, Any]
                  ) -> pc.PrecompiledFunction:
@@ -161,21 +193,23 @@ class GroupPrecompiler:
             logger.info("compile_cache: precompile is off for %s: %s", label, detail)
         return pf
 
-    def decline(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
-                reason: str) -> None:
-        """A group that compiles without precompile for a reason known before compiling (its
-        blocks take a KV cache): reported, counted and warned like the declines above."""
-        name = pc.entry_name(self.setup.store_key, code_name,
-                             canonical_compile_kwargs(compile_kwargs), self.template)
-        self._event(PrecompileEvent(code_name, label, name, "declined", reason))
+    def route_cache_calls(self, code_name: str, label: str, reason: str) -> None:
+        """A group whose calls that pass a KV cache compile without precompile (known before
+        compiling): in the report (``cache_calls``), counted once as a decline, warned when
+        precompile was asked for."""
+        self._event(PrecompileEvent(code_name, label, "", "cache_calls", reason))
         if self.setup.explicit:
             self._declines.setdefault(reason, []).append(label)
         else:
-            logger.info("compile_cache: precompile is off for %s: %s", label, reason)
+            logger.info("compile_cache: precompile is off for %s's cache calls: %s", label, reason)
 
     def finish(self) -> None:
         """One warning per reason for the groups that declined while compiling."""
         for reason, labels in self._declines.items():
+            if reason == KV_CACHE_DECLINE:
+                _warnings.warn(f"compile_cache: precompile is off for the KV-cache calls of "
+                               f"{', '.join(labels)}: {reason}.", RegionPrecompileWarning)
+                continue
             _warnings.warn(
                 f"compile_cache: precompile is off for {', '.join(labels)}: {reason}. "
                 f"Compiled normally instead (Dynamo traces it at each start).",
@@ -191,6 +225,25 @@ class GroupPrecompiler:
         )
         self._event(PrecompileEvent(code_name, label, pf.fn.__qualname__, "declined",
                                     pf.declined or "", persist=pf.decline_persists))
+
+    def call_path(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
+                  module: nn.Module, probe: Any, plain: Callable[[], tuple[Any, int]]
+                  ) -> tuple[Any, int | None]:
+        """``(module's compiled call path, the recompile bucket of its plain compile or None)``:
+        the group's precompiled function (a :class:`BoundCall`); for blocks that take a KV
+        cache (``probe``: their kv_calls.CacheCalls) a :class:`CacheRoutedCall` that sends the
+        calls that pass one to ``plain()`` (:func:`compile_plain`), or ``plain()`` alone when
+        the group declined precompile up front (as blocks with a cache compiled before)."""
+        bound = BoundCall(self.function(code_name, label, compile_kwargs), module)
+        if probe is None:
+            return bound, None
+        if code_name not in self._routed:
+            self._routed.add(code_name)
+            self.route_cache_calls(code_name, label, KV_CACHE_DECLINE)
+        compiled, region = plain()
+        if bound.pf.declined:
+            return compiled, region
+        return CacheRoutedCall(bound, compiled, probe), region
 
     def _event(self, event: PrecompileEvent) -> None:
         if self.setup.on_event is not None:
@@ -257,9 +310,14 @@ class PrecompileTracker:
 
     def event(self, event: PrecompileEvent) -> None:
         """A group's outcome: into the report and the counters (warned by GroupPrecompiler)."""
+        if event.status == "cache_calls":  # the group precompiles; its cache calls do not
+            group = self.report.precompile_groups.setdefault(event.code_name, {})
+            group["cache_calls"] = f"compiled without precompile: {event.detail}"
+            self._count("declined")
+            return
         if event.status != "load_error":
-            self.report.precompile_groups[event.code_name] = {
-                "label": event.label, "status": event.status, "reason": event.detail}
+            self.report.precompile_groups.setdefault(event.code_name, {}).update(
+                label=event.label, status=event.status, reason=event.detail)
         if event.persist:
             self._new[event.entry] = {"declined": event.detail}
         self._count(event.status)

@@ -9,11 +9,10 @@
   group's class and fingerprint, so logs and profile-guided state name it too). Identical blocks
   share one compiled graph; different groups never see each other's guards.
 * The model is compiled **in place**: a runner is installed as the module's
-  ``_compiled_call_impl``, exactly where ``nn.Module.compile()`` puts its compiled function. Class,
-  ``state_dict()`` keys, parameters, hooks and instance-bound ``forward``s stay where they are and
-  are traced by Dynamo (the trampoline calls ``self._call_impl``). This module is the only one
-  that touches ``_compiled_call_impl``; :func:`observe_calls` is how others (the store session)
-  see a call end.
+  ``_compiled_call_impl``, where ``nn.Module.compile()`` puts its compiled function. Class,
+  ``state_dict()`` keys, parameters, hooks and instance-bound ``forward``s stay and are traced by
+  Dynamo (the trampoline calls ``self._call_impl``). Only this module touches
+  ``_compiled_call_impl``; :func:`observe_calls` is how others (the session) see a call end.
 * The trampoline runs ``if not torch.compiler.is_compiling(): <report>``. Dynamo folds that branch
   away in compiled code, so it runs only when the region executes **uncompiled** (recompile limit
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
@@ -24,8 +23,8 @@
   its entries. Blocks that take a transformers KV cache are called through
   :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases. With
-  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`),
-  except a group whose blocks take a KV cache: it declines precompile, warned and counted.
+  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`);
+  calls that pass a KV cache compile without it (warned and counted).
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ from torch import nn
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
-    KV_CACHE_DECLINE,
     BoundCall,
+    CacheRoutedCall,
     GroupPrecompiler,
     PrecompileSetup,
     RegionPrecompileWarning,
@@ -123,6 +122,7 @@ class _GroupState:
         self.started = False
         self.last_compiled: _RegionRunner | None = None
         self.region = -1  # the group's recompile bucket (dynamo.compile_group), -1: shared
+        self.plain_region: int | None = None  # with precompile: the KV-cache calls' bucket
         self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
         self.takes_cache = False
         self.eager_resumes: set[str] = set()
@@ -139,7 +139,10 @@ class _GroupState:
         return self.pf.code if self.pf is not None else self._code
 
     def cache_entries(self) -> int:
-        return dynamo.cache_entries(self.code, self.region)
+        counts = [dynamo.cache_entries(self.code, self.region)]
+        if self.plain_region is not None:  # precompiled, and its KV-cache calls compiled plain
+            counts.append(dynamo.cache_entries(self._code, self.plain_region))
+        return -1 if min(counts) < 0 else sum(counts)
 
     def check_resumes(self) -> None:
         """Something compiled during a call of this group. The part of a block after a graph
@@ -195,19 +198,13 @@ class _GroupState:
         if self.takes_cache and "recompile limit" in reason:
             reason += kv_cache.LIMIT_HINT
         what = f" ({type(module).__name__})" if module is not None else ""
-        msg = (
-            f"compile_cache: region {self.label}{what} ran UNCOMPILED: "
-            f"{reason}. The model still computes the right values, but eagerly."
-        )
-        _warnings.warn(msg, RegionEagerWarning)
+        _warnings.warn(f"compile_cache: region {self.label}{what} ran UNCOMPILED: {reason}. The "
+                       f"model still computes the right values, but eagerly.", RegionEagerWarning)
 
 
 # Guard failures that come from the inputs (not from differences between blocks).
-_INPUT_CHANGE = re.compile(
-    r"size mismatch|stride mismatch|dtype|device|requires_grad|dispatch key|GLOBAL_STATE|"
-    r"grad_mode|ndim|rank|storage_offset",
-    re.IGNORECASE,
-)
+_INPUT_CHANGE = re.compile(r"size mismatch|stride mismatch|dtype|device|requires_grad|dispatch key|"
+                           r"GLOBAL_STATE|grad_mode|ndim|rank|storage_offset", re.IGNORECASE)
 
 
 def _guard_summary(reason: str) -> str:
@@ -389,8 +386,6 @@ def install(
             varying = varying_attributes(members)
             state = states[code_name] = _GroupState(label, fn.__code__, size, varying)
             _prepare_group(state, mod, kwargs)
-            if groups is not None and state.takes_cache:
-                groups.decline(code_name, label, _group_kwargs(kwargs, state), KV_CACHE_DECLINE)
         existing = _installed(mod)
         key = (code_name, frozen)
         if isinstance(existing, _RegionRunner) and existing.key == key:
@@ -400,12 +395,16 @@ def install(
             if existing is not None and not isinstance(existing, _RegionRunner):
                 logger.info("compile_cache: replacing an earlier compile of %s", name or "<root>")
             call_kwargs = _group_kwargs(kwargs, state)
-            if groups is not None and not state.takes_cache:
-                # one precompiled function per group, called with the member
-                compiled = BoundCall(groups.function(code_name, label, call_kwargs), mod)
+            if groups is not None:  # one precompiled function per group, called with the member
+                probe = kv_calls.CacheCalls.for_block(mod.forward) if state.takes_cache else None
+                compiled, region = groups.call_path(code_name, label, call_kwargs, mod, probe, lambda: (
+                    compile_plain(fn, mod, key, call_kwargs)))  # noqa: B023 - called at once
+                if region is not None:
+                    setattr(state, "plain_region" if isinstance(compiled, CacheRoutedCall) else "region",
+                            region)
             else:
                 compiled, state.region = compile_plain(fn, mod, key, call_kwargs)
-        if isinstance(compiled, BoundCall):
+        if isinstance(compiled, (BoundCall, CacheRoutedCall)):
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)

@@ -88,7 +88,7 @@ class CacheReport:
                 f"published {self.published_packs} pack(s), {format_size(self.published_bytes)}"
             )
         if self.precompile_groups:
-            statuses = [g["status"] for g in self.precompile_groups.values()]
+            statuses = [g.get("status") for g in self.precompile_groups.values()]
             parts.append("precompile: " + ", ".join(
                 f"{statuses.count(s)} {s}" for s in ("loaded", "new", "declined", "failed")
                 if s in statuses))

@@ -73,6 +73,7 @@ class Case:
         if exc is not None:
             self.rec["error"] = f"{kind.__name__}: {exc}"
             self.rec["traceback"] = "".join(traceback.format_exception(kind, exc, tb))[-3000:]
+        compile_cache.session.flush(60)  # publishing runs in the background: the report is final after it
         self.rec["frames_traced"] = counters["frames"]["ok"] - self.frames0
         self.rec["dynamo_cache_hits"] = counters["dynamo_cache"]["dynamo_cache_hit"] - self.hits0
         self.rec["fxgraph_misses"] = counters["inductor"]["fxgraph_cache_miss"] - self.fx0

@@ -129,6 +129,11 @@ class CacheCalls:
         calls.mark_dynamic &= compile_kwargs.get("dynamic") is not False  # dynamic=False: as asked
         return True, calls
 
+    def passes_cache(self, args: tuple, kwargs: dict) -> bool:
+        """Whether this call hands the block a KV cache (generation), not None (training,
+        scoring, ``use_cache=False``)."""
+        return is_cache(self._cache_of(args, kwargs))
+
     def _cache_of(self, args: tuple, kwargs: dict) -> Any:
         if self.position is not None and len(args) > self.position:
             return args[self.position]
