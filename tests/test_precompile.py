@@ -433,3 +433,32 @@ def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> Non
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": "7"})
     assert other.stdout.strip() == described["G['__import_functools'].lru_cache"]
+
+
+def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:
+    """A block that takes a KV cache: calls that pass one (generation, positional or keyword)
+    go to the plain compile, calls with None or without the argument to the precompiled
+    function, so neither can run a graph traced for the other."""
+    from transformers.cache_utils import DynamicCache
+
+    from compile_cache.precompiled import CacheRoutedCall
+    from compile_cache.torch_compat.kv_calls import CacheCalls
+
+    class Block(nn.Module):
+        def forward(self, x: torch.Tensor, past_key_values: Any = None) -> torch.Tensor:
+            return x
+
+    block, seen = Block(), []
+
+    def precompiled(*args: Any, **kwargs: Any) -> str:
+        seen.append("precompiled")
+        return "p"
+
+    precompiled.module = block  # as a BoundCall has it: kv_calls reads the block from __self__
+    route = CacheRoutedCall(precompiled, lambda *a, **k: seen.append("plain") or "q",
+                            CacheCalls.for_block(block.forward))
+    x, cache = torch.ones(1), DynamicCache()
+    assert [route(x), route(x, None), route(x, past_key_values=None),
+            route(x, cache), route(x, past_key_values=cache)] == ["p", "p", "p", "q", "q"]
+    assert seen == ["precompiled"] * 3 + ["plain"] * 2
+    assert route.__self__ is block
