@@ -267,8 +267,10 @@ def ratios(rows: list[dict]) -> list[dict]:
         node, pre = ttfo("regional", "cc node"), ttfo("regional", "cc precompile")
         from_warm = ttfo("regional", "cc node (warm)")
         eager = pick.get(("eager", "first call"))
-        cc_node = pick.get(("regional", "cc node"))
-        process = (cc_node["process_s"] / eager["process_s"]) if cc_node and eager else None
+        def process_vs_eager(scenario: str, pick: dict = pick, eager: dict | None = eager) -> float | None:
+            row = pick.get(("regional", scenario))
+            return (row["process_s"] / eager["process_s"]) if row and eager else None
+
         for strategy in ("regional", "full"):
             warm, cold = ttfo(strategy, "torch warm"), ttfo(strategy, "cold")
             mega = ttfo(strategy, "megacache node")
@@ -278,8 +280,10 @@ def ratios(rows: list[dict]) -> list[dict]:
                 "model": model, "mode": mode, "against": strategy,
                 "node_vs_warm": node / warm, "node_vs_cold": node / cold,
                 "warm_publisher_node_vs_warm": (from_warm / warm) if from_warm else None,
-                "process_vs_eager": process,
+                "process_vs_eager": process_vs_eager("cc node"),
                 "precompile_vs_warm": (pre / warm) if pre else None,
+                "precompile_vs_cold": (pre / cold) if pre else None,
+                "precompile_process_vs_eager": process_vs_eager("cc precompile"),
                 "node_vs_megacache": (node / mega) if mega else None,
             })
     return out
@@ -375,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(s['node_vs_warm'])}  node/cold {_fmt(s['node_vs_cold'])}  "
               f"process/eager {_fmt(s['process_vs_eager'])}  from-warm-publisher/warm "
               f"{_fmt(s['warm_publisher_node_vs_warm'])}  precompile/warm "
-              f"{_fmt(s['precompile_vs_warm'])}")
+              f"{_fmt(s['precompile_vs_warm'])}  precompile process/eager "
+              f"{_fmt(s['precompile_process_vs_eager'])}")
     return 0
 
 

@@ -341,11 +341,13 @@ def _ratio_table(data: dict) -> str:
     rows = [[s["model"], s.get("mode", "forward"), s["against"], _fmt(s.get("node_vs_warm")),
              _fmt(s.get("node_vs_cold")), _fmt(s.get("process_vs_eager")),
              _fmt(s.get("warm_publisher_node_vs_warm")), _fmt(s.get("node_vs_megacache")),
-             _fmt(s.get("precompile_vs_warm"))]
+             _fmt(s.get("precompile_vs_warm")), _fmt(s.get("precompile_vs_cold")),
+             _fmt(s.get("precompile_process_vs_eager"))]
             for s in data.get("ratios", [])]
     return _table(["model", "mode", "torch strategy", "cc node / warm", "cc node / cold",
                    "cc node process / eager process", "cc node (warm publisher) / warm",
-                   "cc node / Mega-Cache node", "cc precompile / warm"], rows)
+                   "cc node / Mega-Cache node", "cc precompile / warm", "cc precompile / cold",
+                   "cc precompile process / eager process"], rows)
 
 
 COLD_INTRO = """`benchmarks/bench_cold_start.py`: {what}, batch 1 × {seq}, `use_cache=False`; mode

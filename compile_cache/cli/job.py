@@ -70,7 +70,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     comp.add_argument("--backend", help="torch.compile backend (default inductor)")
     comp.add_argument("--dynamic", type=_bool_arg, metavar="true|false", help="torch.compile dynamic=")
     comp.add_argument("--fullgraph", action="store_true", help="torch.compile fullgraph=True")
-    comp.add_argument("--precompile", action="store_true", help="also cache Dynamo's traced code")
+    comp.add_argument("--precompile", action=argparse.BooleanOptionalAction, default=None,
+                      help="also cache Dynamo's traced code (default: on, or COMPILE_CACHE_PRECOMPILE)")
 
 
 # ------------------------------------------------------------------------------- parsing input
@@ -372,4 +373,4 @@ def build_job(args: argparse.Namespace) -> Job:
     grad = args.train if args.grad is None else bool(args.grad)
     return Job(model=model, inputs=inputs, train=bool(args.train), grad=grad, use_cache=use_cache,
                dtype=dtype_name, device=device_name, compile_kwargs=compile_kwargs,
-               precompile=True if args.precompile else None)
+               precompile=args.precompile)
