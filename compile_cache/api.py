@@ -121,7 +121,7 @@ def compile_regions(
     use_precompile = False
     if not plan.disabled:
         local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
-        use_precompile = precompile_requested(precompile) and cache_dir is not False
+        use_precompile = precompile_requested(precompile, kwargs) and cache_dir is not False
         if precompile and cache_dir is False:
             _warnings.warn("compile_cache: precompile=True needs a store (cache_dir=False): "
                            "compiling without precompile", regions.RegionPrecompileWarning)
@@ -167,7 +167,7 @@ def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile
     plan = dataclasses.replace(
         plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
     )
-    return key_fields(model, plan, kwargs, precompile_requested(precompile))
+    return key_fields(model, plan, kwargs, precompile_requested(precompile, kwargs))
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,12 +60,18 @@ def last_report() -> CacheReport | None:
     return _last_report
 
 
-def precompile_requested(precompile: bool | None) -> bool:
+def precompile_requested(precompile: bool | None, compile_kwargs: dict[str, Any] | None = None) -> bool:
     """``precompile`` if given, else ``COMPILE_CACHE_PRECOMPILE``, else
-    ``config.PRECOMPILE_DEFAULT``."""
+    ``config.PRECOMPILE_DEFAULT``. The default alone applies to Inductor only (``compile_kwargs``'
+    backend): another backend saves no compiled code with a precompile entry, so there precompile
+    is simply not used, neither warned about nor counted as declined, and the key is the same as
+    with ``precompile=False``."""
     if precompile is not None:
         return bool(precompile)
-    return bool(config.PRECOMPILE.value())
+    wanted = bool(config.PRECOMPILE.value())
+    if wanted and config.PRECOMPILE.raw() is None and compile_kwargs is not None:
+        return compile_kwargs.get("backend", "inductor") == "inductor"
+    return wanted
 
 
 class CacheSession(PublishingSession):

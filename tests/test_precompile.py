@@ -306,8 +306,9 @@ def test_another_backend_declines_with_a_reason(tmp_path: Path) -> None:
 def test_precompile_by_default_stays_quiet_where_it_does_not_apply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the default flipped on, an eager-backend user is not warned (precompile does not
-    apply to that backend), but the group is still counted as declined."""
+    """With the default on, an eager-backend user gets no precompile and no warning, and
+    nothing is counted as declined: precompile does not apply to that backend (asked for
+    explicitly, it is declined and counted: test_another_backend_declines_with_a_reason)."""
     import dataclasses
 
     from compile_cache import config
@@ -321,7 +322,9 @@ def test_precompile_by_default_stays_quiet_where_it_does_not_apply(
         with torch.no_grad():
             model(x)
     assert not [w for w in record if issubclass(w.category, RegionPrecompileWarning)]
-    assert compile_cache.last_report().precompile_declined == 1
+    report = compile_cache.last_report()
+    assert not report.precompile and report.precompile_declined == 0 and not report.precompile_groups
+    assert report.key == compile_cache.key_for(model, precompile=False, backend="eager").key
 
 
 @pytest.mark.usefixtures("fresh_state", "dynamo_reset")
