@@ -362,8 +362,7 @@ start), `megacache node` (a fresh node + `torch.compiler.load_cache_artifacts` o
 bytes), `cc publish` / `cc node` (compile_cache with `precompile=False` and an empty store on a
 fresh node, then a fresh node with the filled store), `cc warm publish` / `cc node (warm)` (a
 node whose local dirs are warm publishes into an empty store, then a fresh node restores from
-it; `precompile=False`), `cc precompile …` (the publish/node pair with `precompile=True`, what
-`compile_regions(model)` does by default since issue 13), `eager` / `first call` (no compile, a
+it; `precompile=False`), `cc precompile …` (the publish/node pair with `precompile=True`), `eager` / `first call` (no compile, a
 fresh node).
 {repeats}"""
 
@@ -398,8 +397,8 @@ def section_cold_start(data: dict) -> str:
 Goals (issue 12): compile_cache on a fresh node ≤ 1.0× torch's warm start on a warm node and ≤
 0.2× a cold start on a fresh node (TTFO), forward and train; its whole process ≤ 1.3× eager's
 whole process. Issue 13: compile_cache with precompile on a fresh node ≤ 0.5× torch's warm start
-on a warm node. Since precompile is the default, the `cc precompile` columns are what
-`compile_regions(model)` gives; the `cc node` columns are `precompile=False`.
+on a warm node (`cc precompile` columns; the `cc node` columns are `precompile=False`, the
+default).
 
 {_ratio_table(data)}
 
