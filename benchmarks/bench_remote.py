@@ -62,7 +62,8 @@ def _child(args: argparse.Namespace) -> dict:
     return {"ttfo_s": ttfo, "setup_s": setup_s, "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
             "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
             "restored_bytes": report.restored_bytes if report else 0,
-            "published_packs": report.published_packs if report else 0}
+            "published_packs": report.published_packs if report else 0,
+            "s3fs_imported": "s3fs" in sys.modules}  # the small S3 client needs none of it
 
 
 class _Moto:
@@ -159,7 +160,8 @@ def _summary(runs: list[dict]) -> dict:
             "fxgraph_miss": max(r["fxgraph_miss"] for r in runs),
             "fxgraph_hit": min(r["fxgraph_hit"] for r in runs),
             "bytes_moved": statistics.median(r["bytes_moved"] for r in runs),
-            "remote_errors": sum(r.get("remote_errors", 0) for r in runs)}
+            "remote_errors": sum(r.get("remote_errors", 0) for r in runs),
+            "s3fs_imported": any(r.get("s3fs_imported") for r in runs)}
 
 
 def run(args: argparse.Namespace) -> list[dict]:

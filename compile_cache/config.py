@@ -42,6 +42,7 @@ __all__ = [
     "READ_ONLY",
     "REMOTE_RETRIES",
     "REMOTE_TIMEOUT",
+    "S3_CLIENT",
     "SHARED",
     "SIGNING_KEY",
     "TRUST_LOCAL_DIRS",
@@ -320,6 +321,12 @@ REMOTE_TIMEOUT = _register(Variable(
     "COMPILE_CACHE_REMOTE_TIMEOUT", "seconds", 10.0,
     "seconds an object-storage request may take to connect or to answer",
     "a positive number of seconds", _seconds,
+))
+S3_CLIENT = _register(Variable(
+    "COMPILE_CACHE_S3_CLIENT", "choice", "auto",
+    "client for s3:// stores: auto (the small built-in client when the keys are in the "
+    "environment or a profile, else s3fs) or s3fs (always)",
+    "'auto' or 's3fs'", _choice(("auto", "s3fs")),
 ))
 
 

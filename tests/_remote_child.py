@@ -4,7 +4,8 @@
 
 ``KILL_PGID``: a process group (the S3 server's) killed when the first pack download starts, so
 the server is gone mid-restore (0: no fault). Prints one JSON line: _cache_child's result, the
-warnings shown, and the counters of this node's local tier.
+warnings shown, the counters of this node's local tier, and which of s3fs, aiobotocore,
+botocore and fsspec the job imported.
 """
 
 import contextlib
@@ -24,15 +25,18 @@ from compile_cache.store.remote import local_tier_dir
 CHILD = str(Path(__file__).with_name("_cache_child.py"))
 kill, url = int(sys.argv[1]), sys.argv[2]
 if kill:
-    original = backend.FsspecBackend.download
+    from compile_cache.store import s3
 
-    def download(self, *args, **kwargs):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(kill, signal.SIGKILL)
-        time.sleep(0.5)
-        return original(self, *args, **kwargs)
+    def killing(original):
+        def download(self, *args, **kwargs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(kill, signal.SIGKILL)
+            time.sleep(0.5)
+            return original(self, *args, **kwargs)
+        return download
 
-    backend.FsspecBackend.download = download
+    for cls in (backend.FsspecBackend, s3.S3Backend):  # whichever client the store chose
+        cls.download = killing(cls.download)
 sys.argv = [CHILD, *sys.argv[2:]]
 out = io.StringIO()
 with warnings.catch_warnings(record=True) as shown, contextlib.redirect_stdout(out):
@@ -40,6 +44,7 @@ with warnings.catch_warnings(record=True) as shown, contextlib.redirect_stdout(o
     runpy.run_path(CHILD, run_name="__main__")
 result = json.loads(out.getvalue().strip().splitlines()[-1])
 result["warnings"] = [str(w.message) for w in shown]
+result["imported"] = sorted(m for m in ("s3fs", "aiobotocore", "botocore", "fsspec") if m in sys.modules)
 local = Store(local_tier_dir(url)).stats()
 result["local_tier"] = {k: local[k] for k in ("remote_errors", "remote_downloads", "bytes_downloaded", "corrupt")}
 print(json.dumps(result))

@@ -111,6 +111,8 @@ def test_fresh_node_restores_from_s3_with_no_fxgraph_miss(published: dict) -> No
     assert warm["local_tier"]["bytes_downloaded"] > 0
     assert warm["local_tier"]["remote_errors"] == 0
     assert not [w for w in warm["warnings"] if "compile cache" in w or "compile_cache" in w]
+    # Keys in the environment: the small S3 client served both jobs, without s3fs or botocore.
+    assert cold["imported"] == [] and warm["imported"] == []
 
 
 @pytest.mark.inductor
@@ -132,6 +134,7 @@ def test_the_secret_is_never_logged_stored_or_shown(published: dict, s3: S3Serve
     report = outputs["doctor"]
     assert report["store"]["location"] == published["url"] and report["store"]["entries"] == 1
     assert report["store"]["remote"]["credentials"].startswith("environment")
+    assert report["store"]["remote"]["client"].startswith("small S3 client")
 
 
 @pytest.mark.inductor

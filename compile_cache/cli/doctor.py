@@ -75,7 +75,7 @@ def _remote_info(tier: Any) -> dict[str, Any]:
             creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
     else:
         creds = f"the {protocol} backend's usual chain"
-    return {"url": tier.display, "error": error, "credentials": creds}
+    return {"url": tier.display, "error": error, "credentials": creds, "client": tier.backend.client}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -204,7 +204,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("from", source_text),
         *([("local tier", f"{root} (read-through: a pack is downloaded once per node)"),
            ("object storage", ("reachable" if not remote["error"] else f"UNREACHABLE: {remote['error']}")
-            + f"; credentials: {remote['credentials']}")] if remote else []),
+            + f"; credentials: {remote['credentials']}"),
+           ("object storage client", remote.get("client") or "-")] if remote else []),
         ("filesystem", s["filesystem"]),
         ("lock mode", f"{lock_mode} ({lock_reason})"),
         ("permissions", perms),

@@ -40,7 +40,8 @@ from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance, remote_verify
 from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
-from .backend import FsspecBackend, RemoteError, TooLargeError, is_url, redact
+from .backend import RemoteError, TooLargeError, is_url, redact
+from .clients import open_backend
 from .layout import RemoteEntry, RemoteLayout
 from .pack import MAX_HEADER_BYTES, PackLimitError, read_pack_header_from
 from .records import EntryInfo, PackInfo, VerifyReport
@@ -93,7 +94,7 @@ class RemoteTier:
         self.url = url.rstrip("/")
         #: The URL as shown (never with a ``user:password@`` part).
         self.display = redact(self.url)
-        self.backend = FsspecBackend(self.url)
+        self.backend = open_backend(self.url)
         self.layout = RemoteLayout()
         self.local_root = local_tier_dir(self.url)
         with contextlib.suppress(OSError):  # private, like every store directory

@@ -1,0 +1,41 @@
+"""Which client serves a store URL: the one place that chooses.
+
+``s3://`` (and ``s3a://``) goes to the small standard-library client
+(:class:`~compile_cache.store.s3.S3Backend`) when :func:`~compile_cache.store.s3_auth.settings`
+says it can serve the URL as botocore would (keys in the environment or a profile's credentials
+file, and nothing configured that it does not support) and ``COMPILE_CACHE_S3_CLIENT`` is not
+``s3fs``; everything else, every other scheme included, goes to
+:class:`~compile_cache.store.backend.FsspecBackend`, exactly as before the small client existed.
+The choice, and why, is logged at debug level (never a credential) and shown by ``doctor``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .. import config
+from .backend import FsspecBackend, ObjectBackend, redact
+
+__all__ = ["open_backend"]
+
+logger = logging.getLogger("compile_cache")
+
+
+def open_backend(url: str) -> ObjectBackend:
+    """The backend for ``url``: the small S3 client for ``s3://`` when it can serve it (see the
+    module docstring), fsspec for everything else."""
+    protocol = url.split("://", 1)[0].lower()
+    if protocol in ("s3", "s3a"):
+        from . import s3, s3_auth  # here: http.client and ssl only for an s3:// store
+
+        if config.S3_CLIENT.value() == "s3fs":
+            chosen, why = None, "COMPILE_CACHE_S3_CLIENT=s3fs"
+        else:
+            chosen, why = s3_auth.settings(url)
+        if chosen is not None:
+            backend: ObjectBackend = s3.S3Backend(url, chosen)
+            logger.debug("compile cache %s: object storage client: %s", redact(url), backend.client)
+            return backend
+        logger.debug("compile cache %s: object storage client: s3fs (the small S3 client does not "
+                     "serve %s)", redact(url), why)
+    return FsspecBackend(url)

@@ -1,0 +1,352 @@
+"""A small S3 client over ``http.client``: the :class:`~compile_cache.store.backend.ObjectBackend`
+operations a store needs, and nothing else.
+
+Why: s3fs imports aiobotocore and botocore and builds a client from botocore's service model,
+0.6 to 0.8 s of a fresh process on 2 cores before its first request, which is most of what a
+restore from ``s3://`` costs over one from a directory. This client imports only the standard
+library. :func:`~compile_cache.store.backend.open_backend` uses it when
+:func:`~compile_cache.store.s3_auth.settings` says it can serve the URL (plain keys from the
+environment or a profile); everything else goes to s3fs.
+
+Requests: ListObjectsV2 (paginated), GET (whole, or streamed with a size cap), a ranged GET for a
+header, PUT (``If-None-Match: *`` for a conditional put: 412 means it exists), HEAD and DELETE;
+path-style addressing against a configured endpoint, virtual-hosted against AWS. Faults are the
+shared ones (:class:`~compile_cache.store.backend.RetryingBackend`): a timeout, a connection
+error, a 5xx, a 429 or a 403 raises :class:`S3Error` (the status and S3's error code, never a
+header), which is retried, then becomes :class:`~compile_cache.store.backend.RemoteError`; a 404
+is a missing object. One connection per thread, kept alive, dropped after any error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import IO
+
+from .backend import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, redact
+from .s3_auth import EMPTY_SHA256, S3Settings, sign
+
+__all__ = ["S3Backend", "S3Error"]
+
+#: Largest single PUT S3 accepts; a larger upload would need multipart (packs are far smaller).
+MAX_PUT = 5 << 30
+#: Bytes of an error response read for its code.
+_ERROR_BODY = 64 << 10
+_CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+
+
+class S3Error(OSError):
+    """An S3 response that is a fault: its HTTP status and S3's error code (nothing else)."""
+
+    def __init__(self, status: int, code: str, what: str) -> None:
+        super().__init__(f"HTTP {status} {code} ({what})")
+        self.status = status
+        self.code = code
+
+
+class _Response:
+    """A response whose body the caller reads, on a connection dropped unless read to the end."""
+
+    def __init__(self, backend: S3Backend, resp: http.client.HTTPResponse) -> None:
+        self._backend, self.resp, self.status = backend, resp, resp.status
+        length = resp.getheader("Content-Length")
+        self.length = int(length) if length and length.isdigit() else None
+
+    def read(self, n: int) -> bytes:
+        return self.resp.read(n)
+
+    def finish(self, complete: bool) -> None:
+        """Keep the connection if the body was read to its end, else drop it."""
+        if complete:
+            try:
+                self.resp.read()  # nothing left: marks the response done
+                return
+            except (OSError, http.client.HTTPException):
+                pass
+        self._backend._drop()
+
+
+class S3Backend(RetryingBackend):
+    """:class:`~compile_cache.store.backend.ObjectBackend` over S3's REST API."""
+
+    def __init__(self, url: str, settings: S3Settings) -> None:
+        super().__init__(url)
+        rest = self.url.split("://", 1)[1]
+        self.bucket, _, prefix = rest.partition("/")
+        self.prefix = prefix.strip("/")
+        self._s = settings
+        self.client = f"small S3 client (stdlib; credentials: {settings.credentials.source})"
+        self._local = threading.local()
+
+    # -- requests ----------------------------------------------------------------------------
+    def _key(self, name: str) -> str:
+        return "/".join(p for p in (self.prefix, name) if p)
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            host, _, port = self._s.host.rpartition(":") if self._s.host.count(":") == 1 else (self._s.host, "", "")
+            host = host or self._s.host
+            if self._s.scheme == "https":
+                import ssl
+
+                conn = http.client.HTTPSConnection(host, int(port) if port else None, timeout=self.timeout, blocksize=1 << 16,
+                                                   context=ssl.create_default_context(cafile=self._s.ca_bundle))
+            else:
+                conn = http.client.HTTPConnection(host, int(port) if port else None, timeout=self.timeout,
+                                              blocksize=1 << 16)
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _request(self, method: str, key: str, what: str, *, query: dict[str, str] | None = None,
+                 headers: dict[str, str] | None = None, body: bytes | IO[bytes] | None = None,
+                 length: int = 0, sha256: str = EMPTY_SHA256, ok: tuple[int, ...] = (200,)) -> _Response:
+        """Send one signed request; returns the response (its body unread) if its status is in
+        ``ok``; raises FileNotFoundError on 404 (unless ``ok`` has it), :class:`S3Error` else."""
+        query = query or {}
+        path = f"/{self.bucket}/{key}" if self._s.path_style else f"/{key}"
+        signed = {"host": self._s.host, **(headers or {})}
+        amz_date = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        sent = sign(method, path, query, signed, sha256, self._s.credentials, self._s.region, amz_date)
+        if method in ("PUT", "POST"):
+            sent["content-length"] = str(length)
+        from urllib.parse import quote
+
+        target = quote(path, safe="/-_.~")
+        if query:
+            target += "?" + "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query.items()))
+        for fresh in (False, True):
+            reused = getattr(self._local, "conn", None) is not None and not fresh
+            conn = self._conn()
+            try:
+                conn.request(method, target, body=body, headers=sent)
+                resp = conn.getresponse()
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop()  # a kept-alive connection the server had closed: once more, at once
+                if not reused:
+                    raise
+                if body is not None and not isinstance(body, bytes):
+                    body.seek(0)
+            except BaseException:
+                self._drop()
+                raise
+        out = _Response(self, resp)
+        if out.status in ok:
+            return out
+        data = resp.read(_ERROR_BODY) if method != "HEAD" else b""
+        out.finish(len(data) < _ERROR_BODY)
+        found = _CODE_RE.search(data)
+        code = found.group(1).decode("ascii", "replace") if found else http.client.responses.get(out.status, "")
+        if out.status == 404:
+            raise FileNotFoundError(f"{redact(self.url)}: {what}: {code or 'not found'}")
+        raise S3Error(out.status, code, what)
+
+    def _read_all(self, resp: _Response, limit: int) -> bytes:
+        """The body, at most ``limit`` + 1 bytes of it (then the connection is dropped)."""
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = resp.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        data = b"".join(chunks)
+        if resp.length is not None and total <= limit and total != resp.length:
+            resp.finish(False)
+            raise OSError(f"short read: {total} of {resp.length} bytes")
+        resp.finish(total <= limit)
+        return data
+
+    # -- the interface -------------------------------------------------------------------------
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        """Every object under ``prefix`` (recursive; ListObjectsV2, page by page): its name
+        relative to the store's URL -> its info; empty if there is none (or no bucket)."""
+        base = self._key(prefix)
+        if base:
+            base += "/"
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def find() -> dict[str, ObjectInfo]:
+            import xml.etree.ElementTree as ET
+
+            out: dict[str, ObjectInfo] = {}
+            token: str | None = None
+            while True:
+                query = {"list-type": "2", "prefix": base, "max-keys": str(self.page_size)}
+                if token:
+                    query["continuation-token"] = token
+                try:
+                    resp = self._request("GET", "", f"listing {prefix or '/'}", query=query)
+                except FileNotFoundError:
+                    return {}
+                tree = ET.fromstring(self._read_all(resp, 64 << 20))
+                ns = tree.tag[: tree.tag.index("}") + 1] if tree.tag.startswith("{") else ""
+                for item in tree.iter(f"{ns}Contents"):
+                    key = item.findtext(f"{ns}Key") or ""
+                    if not key.startswith(root) or key.endswith("/"):
+                        continue
+                    out[key[len(root):]] = ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
+                                                      _mtime(item.findtext(f"{ns}LastModified")))
+                token = tree.findtext(f"{ns}NextContinuationToken")
+                if (tree.findtext(f"{ns}IsTruncated") or "").lower() != "true" or not token:
+                    return out
+        return self._call(f"listing {prefix or '/'}", find)
+
+    #: Keys per ListObjectsV2 page (S3's most).
+    page_size = 1000
+
+    def get(self, name: str, limit: int) -> bytes | None:
+        """The object ``name`` (at most ``limit`` bytes read), or None if it does not exist."""
+        def fetch() -> bytes:
+            resp = self._request("GET", self._key(name), f"reading {name}")
+            if resp.length is not None and resp.length > limit:
+                resp.finish(False)
+                raise TooLargeError(resp.length)
+            return self._read_all(resp, limit)
+        try:
+            data = self._call(f"reading {name}", fetch)
+        except FileNotFoundError:
+            return None
+        except TooLargeError:
+            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes") from None
+        if len(data) > limit:
+            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes")
+        return data
+
+    def download(self, name: str, out: IO[bytes], limit: int) -> int:
+        """Stream ``name`` into ``out`` in chunks, refusing more than ``limit`` bytes; returns
+        its size. Raises FileNotFoundError if it is gone, :class:`TooLargeError` over the limit,
+        RemoteError on a fault."""
+        from .pack import CHUNK
+
+        def stream() -> int:
+            out.seek(0)
+            out.truncate()
+            resp = self._request("GET", self._key(name), f"downloading {name}")
+            complete = False
+            try:
+                if resp.length is not None and resp.length > limit:
+                    raise TooLargeError(resp.length)
+                total = 0
+                while True:
+                    chunk = resp.read(CHUNK)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > limit:
+                        raise TooLargeError(total)
+                    out.write(chunk)
+                if resp.length is not None and total != resp.length:
+                    raise OSError(f"short read: {total} of {resp.length} bytes")
+                complete = True
+                return total
+            finally:
+                resp.finish(complete)
+        return self._call(f"downloading {name}", stream)
+
+    def head(self, name: str, n: int) -> bytes:
+        """The first ``n`` bytes of ``name`` (one ranged read: a pack's header for a listing)."""
+        def fetch() -> bytes:
+            if n <= 0:
+                return b""
+            resp = self._request("GET", self._key(name), f"reading {name}", headers={"range": f"bytes=0-{n - 1}"},
+                                 ok=(200, 206, 416))
+            if resp.status == 416:  # an empty object
+                resp.finish(False)
+                return b""
+            return self._read_all(resp, n)[:n]
+        return self._call(f"reading {name}", fetch)
+
+    def _put(self, name: str, body: bytes | IO[bytes], length: int, sha256: str,
+             headers: dict[str, str] | None = None) -> bool:
+        """One PUT; False on 412 (``If-None-Match`` and the object exists)."""
+        if length > MAX_PUT:
+            raise RemoteError(f"{redact(self.url)}/{name}: {length} bytes is over a single PUT's limit")
+        resp = self._request("PUT", self._key(name), f"writing {name}", headers=headers, body=body,
+                             length=length, sha256=sha256, ok=(200, 201, 204, 412))
+        self._read_all(resp, _ERROR_BODY)
+        return resp.status != 412
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole (object stores make a put atomic: readers see old or new)."""
+        data = bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        self._call(f"writing {name}", lambda: self._put(name, data, len(data), digest))
+
+    def put_file(self, name: str, path: str) -> None:
+        """Upload the local file ``path`` as ``name`` (streamed from disk, its hash read first)."""
+        def upload() -> None:
+            digest = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+                size = fh.tell()
+                fh.seek(0)
+                self._put(name, fh, size, digest.hexdigest())
+        self._call(f"uploading {name}", upload)
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """Write ``name`` unless it exists; False if it did (``If-None-Match: *``, 412). A server
+        that does not implement the header (501) gets a check then a put, which is enough: the
+        objects written this way are named by their content."""
+        data = bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+
+        def conditional() -> bool:
+            try:
+                return self._put(name, data, len(data), digest, {"if-none-match": "*"})
+            except S3Error as exc:
+                if exc.status != 501:
+                    raise
+            if self._exists(name):
+                return False
+            return self._put(name, data, len(data), digest)
+        return self._call(f"writing {name}", conditional)
+
+    def _exists(self, name: str) -> bool:
+        try:
+            resp = self._request("HEAD", self._key(name), f"checking {name}")
+        except FileNotFoundError:
+            return False
+        resp.finish(True)
+        return True
+
+    def exists(self, name: str) -> bool:
+        return bool(self._call(f"checking {name}", lambda: self._exists(name)))
+
+    def delete(self, names: Iterable[str]) -> None:
+        """Remove objects (a missing one is not an error)."""
+        keys = [self._key(n) for n in names]
+        if not keys:
+            return
+
+        def remove() -> None:
+            for key in keys:
+                resp = self._request("DELETE", key, "deleting", ok=(200, 204, 404))
+                self._read_all(resp, _ERROR_BODY)
+        self._call(f"deleting {len(keys)} object(s)", remove)
+
+
+def _mtime(text: str | None) -> float:
+    """ListObjectsV2's ``LastModified`` (ISO 8601, UTC) as a timestamp; 0 if unreadable."""
+    if not text:
+        return 0.0
+    try:
+        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return 0.0
