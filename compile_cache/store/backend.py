@@ -207,22 +207,8 @@ class FsspecBackend(RetryingBackend):
         def stream() -> int:
             out.seek(0)
             out.truncate()
-            total = 0
             with self.fs.open(self._path(name), "rb", block_size=CHUNK, cache_type="none") as fh:
-                size = getattr(fh, "size", None)
-                if size is not None and size > limit:
-                    raise TooLargeError(size)
-                while True:
-                    chunk = fh.read(CHUNK)
-                    if not chunk:
-                        break
-                    total += len(chunk)
-                    if total > limit:
-                        raise TooLargeError(total)
-                    out.write(chunk)
-                if size is not None and total != size:
-                    raise OSError(f"short read: {total} of {size} bytes")
-            return total
+                return copy_bounded(fh.read, out, limit, getattr(fh, "size", None))
         return self._call(f"downloading {name}", stream)
 
     def head(self, name: str, n: int) -> bytes:
@@ -281,3 +267,25 @@ class TooLargeError(Exception):
 
     def __init__(self, size: int) -> None:
         super().__init__(f"object of {size} bytes is over the pack size limit")
+
+
+def copy_bounded(read: Callable[[int], bytes], out: IO[bytes], limit: int, size: int | None) -> int:
+    """Copies an object's body from ``read`` into ``out`` chunk by chunk; returns its length.
+    :class:`TooLargeError` once it passes ``limit`` bytes (or when its announced ``size`` does),
+    OSError when it ends before ``size``: both backends' downloads, one rule."""
+    from .pack import CHUNK
+
+    if size is not None and size > limit:
+        raise TooLargeError(size)
+    total = 0
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > limit:
+            raise TooLargeError(total)
+        out.write(chunk)
+    if size is not None and total != size:
+        raise OSError(f"short read: {total} of {size} bytes")
+    return total

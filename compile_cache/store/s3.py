@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import IO
 
-from .backend import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, redact
+from .backend import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
 from .s3_auth import EMPTY_SHA256, S3Settings, sign
 
 __all__ = ["S3Backend", "S3Error"]
@@ -232,27 +232,13 @@ class S3Backend(RetryingBackend):
         """Stream ``name`` into ``out`` in chunks, refusing more than ``limit`` bytes; returns
         its size. Raises FileNotFoundError if it is gone, :class:`TooLargeError` over the limit,
         RemoteError on a fault."""
-        from .pack import CHUNK
-
         def stream() -> int:
             out.seek(0)
             out.truncate()
             resp = self._request("GET", self._key(name), f"downloading {name}")
             complete = False
             try:
-                if resp.length is not None and resp.length > limit:
-                    raise TooLargeError(resp.length)
-                total = 0
-                while True:
-                    chunk = resp.read(CHUNK)
-                    if not chunk:
-                        break
-                    total += len(chunk)
-                    if total > limit:
-                        raise TooLargeError(total)
-                    out.write(chunk)
-                if resp.length is not None and total != resp.length:
-                    raise OSError(f"short read: {total} of {resp.length} bytes")
+                total = copy_bounded(resp.read, out, limit, resp.length)
                 complete = True
                 return total
             finally:

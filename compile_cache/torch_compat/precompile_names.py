@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 import threading
 import types
@@ -27,26 +26,13 @@ __all__ = ["ENTRY_FORMAT", "entry_name", "region_function"]
 ENTRY_FORMAT = 1
 
 
-def _stable(value: Any) -> Any:
-    """A process-independent form of a compile keyword (callables by module and qualname)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _stable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_stable(v) for v in value]
-    if callable(value):
-        name = getattr(value, "__qualname__", None) or type(value).__qualname__
-        return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}"
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
-
-
 def entry_name(store_key: str, code_name: str, compile_kwargs: dict[str, Any],
                template: types.FunctionType) -> str:
     """A Python identifier naming one group's precompile entry by the full key: the store key
     (model fingerprint with attributes, plan, compile keywords, environment), the group, the
-    keywords its ``torch.compile`` gets and the trampoline's code."""
-    material = json.dumps([ENTRY_FORMAT, store_key, code_name, _stable(compile_kwargs),
+    keywords its ``torch.compile`` gets (JSON-able, as ``keys.canonical_compile_kwargs`` gives
+    them) and the trampoline's code."""
+    material = json.dumps([ENTRY_FORMAT, store_key, code_name, compile_kwargs,
                            code_digest(template.__code__)], sort_keys=True)
     return f"{code_name}__pc_{hashlib.sha256(material.encode()).hexdigest()[:20]}"
 
