@@ -96,15 +96,6 @@ def _read_library(kernel: inductor_cache.KernelFile) -> bytes | None:
     return data
 
 
-def _read_file(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        _count("unreadable")
-        return None
-
-
 def _known_digest(member: str, path: str, known: Known) -> str | None:
     """The digest of ``path`` if this process restored it and it has not changed since."""
     entry = known.get(member)
@@ -138,10 +129,6 @@ def usage(owners: Sequence[str], known: Known | None = None,
             digest = _known_digest(member, kernel.path, known)
             candidates.setdefault(member, Candidate(
                 member, digest, lambda kernel=kernel: _read_library(kernel)))
-            members.append(member)
-        for member, path in unit.files.items():
-            candidates.setdefault(member, Candidate(
-                member, _known_digest(member, path, known), lambda path=path: _read_file(path)))
             members.append(member)
         units.append({"scope": owner, "slot": f"{unit.slot}#{n}", "members": members})
     always = []

@@ -40,7 +40,7 @@ from . import available, capability, mark_missing
 from .inductor_cache import KernelFile, member_name
 from .tensors import input_signature
 
-__all__ = ["UNVERIFIED_TORCH", "VERIFIED_TORCH", "Unit", "add_files", "compile_seconds", "counts",
+__all__ = ["UNVERIFIED_TORCH", "VERIFIED_TORCH", "Unit", "compile_seconds", "counts",
            "install", "on_compiled", "owner_stack", "snapshot"]
 
 log = logging.getLogger("compile_cache")
@@ -97,7 +97,6 @@ class Unit:
     slot: str
     entries: dict[str, bytes] = dataclasses.field(default_factory=dict)
     kernels: dict[str, KernelFile] = dataclasses.field(default_factory=dict)
-    files: dict[str, str] = dataclasses.field(default_factory=dict)  # member -> path (add_files)
 
 
 @dataclasses.dataclass
@@ -158,8 +157,7 @@ def snapshot(owners: Iterable[str]) -> tuple[list[tuple[str, Unit]], int]:
                 continue
             generation += usage.generation + (usage.epoch << 32)
             for unit in usage.units:
-                out.append((owner, Unit(unit.slot, dict(unit.entries), dict(unit.kernels),
-                                        dict(unit.files))))
+                out.append((owner, Unit(unit.slot, dict(unit.entries), dict(unit.kernels))))
     return out, generation
 
 
@@ -167,23 +165,6 @@ def compile_seconds(owners: Iterable[str]) -> float:
     """Seconds the owners' compiles took in this process (start to end of each compile)."""
     with _lock:
         return sum(_seconds.get(owner, 0.0) for owner in owners)
-
-
-def add_files(owner: str, paths: Iterable[str], slot: str = "extra") -> int:
-    """Adds files under torch's local cache dir (e.g. Dynamo precompile entries) to ``owner``'s
-    usage, as one unit in ``slot``; read when a pack is made. Returns how many were inside it."""
-    unit = Unit(slot=f"files:{slot}")
-    for path in paths:
-        member = member_name(path)
-        if member is not None:
-            unit.files[member] = os.path.realpath(path)
-    if not unit.files:
-        return 0
-    with _lock:
-        usage = _usage_of(owner)
-        usage.units = [u for u in usage.units if u.slot != unit.slot] + [unit]
-        usage.generation += 1
-    return len(unit.files)
 
 
 def _compile_id() -> str | None:
