@@ -21,16 +21,20 @@ TRITON_CACHE_DIR (torch keeps its precompiled header under the temp dir, Triton 
   cc warm publish   compile_cache on a node whose local dirs are warm (the regional cold run's),
                     with an EMPTY store: it hits locally and must still publish
   cc node (warm)    compile_cache on a fresh node with the store cc warm publish filled
-  cc precompile     the publish/node pair with precompile=True (Dynamo tracing skipped too;
-                    forward mode only)
+  cc plain …        the publish/node pair with precompile=False (FX-graph entries only: Dynamo
+                    traces on every start)
+
+The cc scenarios other than "cc plain" use compile_cache's defaults (with Inductor each region
+group is precompiled, so a node that restores it traces nothing).
 
 Compile strategies: ``full`` (torch.compile(model)), ``accelerate`` (accelerate's
 compile_regions) and ``regional`` (compile_cache.compile_regions, store off for the torch
 scenarios); ``eager`` times the uncompiled call. The compile_cache scenarios always run. The
-short scenarios (torch warm, the cc nodes) run ``--repeats`` times (default 3, each cc node on
-its own fresh node) and report the median run; the JSON keeps every sample. TTFO is from the
-compile call to the end of the first forward (and backward); ``process`` is the whole process,
-imports and model building included.
+short scenarios (eager, torch warm, the cc nodes) run ``--repeats`` times (default 3, each cc
+node and each eager run on its own fresh node) and report the median run by TTFO, with the
+median whole process as ``process_median_s``, which the process ratios use; the JSON keeps every
+sample. TTFO is from the compile call to the end of the first forward (and backward); ``process``
+is the whole process, imports and model building included.
 
     python benchmarks/bench_cold_start.py --modes forward,train   # 4x256 and 12x768
     python benchmarks/bench_cold_start.py --models 2x64 --seq 16 --strategies eager,regional \
@@ -45,6 +49,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -93,7 +98,8 @@ def _child(args: argparse.Namespace) -> dict:
             import compile_cache
 
             store = args.store or False
-            compile_cache.compile_regions(model, cache_dir=store, precompile=args.precompile)
+            precompile = {"default": None, "on": True, "off": False}[args.precompile]
+            compile_cache.compile_regions(model, cache_dir=store, precompile=precompile)
         out = model(tokens, use_cache=False)
         if train:
             out.logits.float().sum().backward()
@@ -142,11 +148,13 @@ def _scenario(args: argparse.Namespace, model: str, mode: str, strategy: str, no
 
 
 def _median_of(runs: list[dict]) -> dict:
-    """The run with the median TTFO, plus every run's TTFO as ``ttfo_samples``."""
+    """The run with the median TTFO, plus every run's TTFO and whole process as samples, and the
+    median whole process (``process_median_s``: TTFO and process need not be the same run's)."""
     ordered = sorted(runs, key=lambda r: r["ttfo_s"])
     middle = dict(ordered[(len(ordered) - 1) // 2])
     middle["ttfo_samples"] = [round(r["ttfo_s"], 3) for r in runs]
     middle["process_samples"] = [round(r["process_s"], 3) for r in runs]
+    middle["process_median_s"] = statistics.median(r["process_s"] for r in runs)
     return middle
 
 
@@ -186,8 +194,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                 def job(strategy: str, node: str, **extra: str) -> dict:
                     return _scenario(args, model, mode, strategy, node, **extra)  # noqa: B023
 
-                if "eager" in args.strategies:
-                    record(model, mode, "eager", "first call", once("eager", fresh("eager"), job))
+                if "eager" in args.strategies:  # the process ratios' baseline: a median too
+                    eager = [once("eager", fresh("eager"), job) for _ in range(repeats)]
+                    record(model, mode, "eager", "first call", _median_of(eager))
                 warm_node = None
                 for strategy in (s for s in args.strategies if s != "eager"):
                     node = fresh(strategy)
@@ -201,15 +210,15 @@ def run(args: argparse.Namespace) -> list[dict]:
                         shutil.rmtree(node, ignore_errors=True)
                     record(model, mode, strategy, "megacache node",
                            once(strategy, fresh("mega"), job, load_megacache=blob))
-                pairs = [(False, "cc publish", "cc node")]
-                if not args.no_precompile:
-                    pairs.append((True, "cc precompile publish", "cc precompile"))
+                pairs = [("default", "cc publish", "cc node")]
+                if not args.no_plain:
+                    pairs.append(("off", "cc plain publish", "cc plain node"))
                 for precompile, publish_label, node_label in pairs:
-                    store = os.path.join(tmp, f"{model}-{mode}-store-{int(precompile)}")
-                    extra = {"store": store, **({"precompile": ""} if precompile else {})}
+                    store = os.path.join(tmp, f"{model}-{mode}-store-{precompile}")
+                    extra = {"store": store, "precompile": precompile}
                     publisher = fresh("cc")
                     record(model, mode, "regional", publish_label, job("regional", publisher, **extra))
-                    if warm_node is None and not precompile:
+                    if warm_node is None and precompile == "default":
                         warm_node = publisher
                     else:
                         shutil.rmtree(publisher, ignore_errors=True)
@@ -248,7 +257,7 @@ def _write_json(path: str, data: dict) -> None:
 #: The goals (issue 12): a fresh node at most this times torch's warm start on a warm node and
 #: a cold start on a fresh node; the whole process at most this times eager's whole process.
 GOAL_VS_WARM, GOAL_VS_COLD, GOAL_VS_EAGER_PROCESS = 1.0, 0.2, 1.3
-GOAL_PRECOMPILE_VS_WARM = 0.5  # issue 13
+GOAL_PRECOMPILE_VS_WARM = 0.5  # issue 13: precompile, now the default ("cc node")
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -264,12 +273,15 @@ def ratios(rows: list[dict]) -> list[dict]:
             row = pick.get((strategy, scenario))
             return row["ttfo_s"] if row else None
 
-        node, pre = ttfo("regional", "cc node"), ttfo("regional", "cc precompile")
+        node, plain = ttfo("regional", "cc node"), ttfo("regional", "cc plain node")
         from_warm = ttfo("regional", "cc node (warm)")
         eager = pick.get(("eager", "first call"))
+
         def process_vs_eager(scenario: str, pick: dict = pick, eager: dict | None = eager) -> float | None:
             row = pick.get(("regional", scenario))
-            return (row["process_s"] / eager["process_s"]) if row and eager else None
+            if not (row and eager):
+                return None
+            return _process(row) / _process(eager)
 
         for strategy in ("regional", "full"):
             warm, cold = ttfo(strategy, "torch warm"), ttfo(strategy, "cold")
@@ -281,12 +293,17 @@ def ratios(rows: list[dict]) -> list[dict]:
                 "node_vs_warm": node / warm, "node_vs_cold": node / cold,
                 "warm_publisher_node_vs_warm": (from_warm / warm) if from_warm else None,
                 "process_vs_eager": process_vs_eager("cc node"),
-                "precompile_vs_warm": (pre / warm) if pre else None,
-                "precompile_vs_cold": (pre / cold) if pre else None,
-                "precompile_process_vs_eager": process_vs_eager("cc precompile"),
+                "plain_vs_warm": (plain / warm) if plain else None,
+                "plain_vs_cold": (plain / cold) if plain else None,
+                "plain_process_vs_eager": process_vs_eager("cc plain node"),
                 "node_vs_megacache": (node / mega) if mega else None,
             })
     return out
+
+
+def _process(row: dict) -> float:
+    """A row's whole process: the median of its runs where it has several."""
+    return row.get("process_median_s", row["process_s"])
 
 
 def _fmt(value: float | None) -> str:
@@ -307,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                              "heads = width/64, KV heads = heads/4, intermediate = 4*width)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--no-precompile", action="store_true",
-                        help="skip the compile_cache precompile scenarios (saves two processes)")
+    parser.add_argument("--no-plain", action="store_true",
+                        help="skip the cc plain scenarios (precompile=False; saves two processes)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each short scenario (torch warm, the cc nodes); "
                              "the row is the median run (default 3)")
@@ -329,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--heads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--precompile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precompile", choices=("default", "on", "off"), default="default",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="forward", help=argparse.SUPPRESS)
     parser.add_argument("--save-megacache", help=argparse.SUPPRESS)
     parser.add_argument("--load-megacache", help=argparse.SUPPRESS)
@@ -373,14 +391,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ttfo_s']:7.2f} {r['process_s']:9.2f}")
     print(f"\ngoals: cc node <= {GOAL_VS_WARM}x torch warm (warm node) and <= {GOAL_VS_COLD}x "
           f"cold (fresh node); cc node process <= {GOAL_VS_EAGER_PROCESS}x eager process; "
-          f"cc precompile <= {GOAL_PRECOMPILE_VS_WARM}x torch warm")
+          f"cc node (precompiled, the default) <= {GOAL_PRECOMPILE_VS_WARM}x torch warm")
     for s in summary:
         print(f"  {s['model']:>7} {s['mode']:<7} vs {s['against']:<8}: node/warm "
               f"{_fmt(s['node_vs_warm'])}  node/cold {_fmt(s['node_vs_cold'])}  "
               f"process/eager {_fmt(s['process_vs_eager'])}  from-warm-publisher/warm "
-              f"{_fmt(s['warm_publisher_node_vs_warm'])}  precompile/warm "
-              f"{_fmt(s['precompile_vs_warm'])}  precompile process/eager "
-              f"{_fmt(s['precompile_process_vs_eager'])}")
+              f"{_fmt(s['warm_publisher_node_vs_warm'])}  plain/warm "
+              f"{_fmt(s['plain_vs_warm'])}  plain process/eager "
+              f"{_fmt(s['plain_process_vs_eager'])}")
     return 0
 
 

@@ -24,7 +24,7 @@
 # eager,regional,full, plus accelerate when the time left allows), MODEL (default 16x2048),
 # SEQ (default 128), MODES (forward and/or train, default forward), REPEATS (runs of each short
 # scenario, default 1), SKIP_BUILD=1, SKIP_TESTS=1, BENCH_ARGS (more bench_cold_start.py arguments,
-# e.g. --no-precompile). DEVICE=cpu DTYPE=float32 run the same pipeline without a GPU (to test
+# e.g. --no-plain). DEVICE=cpu DTYPE=float32 run the same pipeline without a GPU (to test
 # this script; the section then lands in "## Cold start", not the GPU one).
 set -euo pipefail
 

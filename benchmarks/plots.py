@@ -27,7 +27,7 @@ COLD_SCENARIOS = (
     ("torch warm", "torch warm\n(same node)"),
     ("megacache node", "Mega-Cache\nfresh node"),
     ("cc node", "compile_cache\nfresh node"),
-    ("cc precompile", "compile_cache\n+ precompile"),
+    ("cc plain node", "compile_cache\nno precompile"),
 )
 COLD_STRATEGIES = (
     ("full", "full torch.compile", "#4C72B0"),

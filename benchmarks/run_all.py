@@ -62,7 +62,7 @@ BENCHMARKS: dict[str, dict] = {
         "script": "bench_cold_start.py",
         "args": ["--strategies", "eager,full,accelerate,regional", "--modes", "forward,train"],
         "smoke": ["--models", "2x64", "--seq", "16", "--strategies", "eager,regional",
-                  "--no-precompile", "--modes", "forward,train", "--repeats", "1"],
+                  "--no-plain", "--modes", "forward,train", "--repeats", "1"],
         "file": "cold_start.json",
         "heading": "## Cold start",
     },
@@ -79,7 +79,7 @@ BENCHMARKS: dict[str, dict] = {
         "args": ["--arch", "llama", "--models", GPU_MODEL, "--device", "cuda", "--dtype",
                  "bfloat16", "--strategies", "eager,full,accelerate,regional", "--timeout", "300"],
         "smoke": ["--arch", "llama", "--models", "2x64", "--device", "cuda", "--dtype",
-                  "bfloat16", "--seq", "16", "--strategies", "regional", "--no-precompile"],
+                  "bfloat16", "--seq", "16", "--strategies", "regional", "--no-plain"],
         "file": os.path.join("gpu", "cold_start.json"),
         "heading": "## Cold start (GPU)",
     },
@@ -304,7 +304,7 @@ def _fmt(value: object, digits: int = 2) -> str | None:
 
 
 SCENARIO_ORDER = ("first call", "cold", "torch warm", "megacache node", "cc publish", "cc node",
-                  "cc warm publish", "cc node (warm)", "cc precompile publish", "cc precompile")
+                  "cc warm publish", "cc node (warm)", "cc plain publish", "cc plain node")
 STRATEGY_NAMES = {"eager": "eager", "full": "full torch.compile",
                   "accelerate": "accelerate compile_regions", "regional": "compile_cache regional"}
 MODES = ("forward", "train")
@@ -341,13 +341,13 @@ def _ratio_table(data: dict) -> str:
     rows = [[s["model"], s.get("mode", "forward"), s["against"], _fmt(s.get("node_vs_warm")),
              _fmt(s.get("node_vs_cold")), _fmt(s.get("process_vs_eager")),
              _fmt(s.get("warm_publisher_node_vs_warm")), _fmt(s.get("node_vs_megacache")),
-             _fmt(s.get("precompile_vs_warm")), _fmt(s.get("precompile_vs_cold")),
-             _fmt(s.get("precompile_process_vs_eager"))]
+             _fmt(s.get("plain_vs_warm")), _fmt(s.get("plain_vs_cold")),
+             _fmt(s.get("plain_process_vs_eager"))]
             for s in data.get("ratios", [])]
     return _table(["model", "mode", "torch strategy", "cc node / warm", "cc node / cold",
                    "cc node process / eager process", "cc node (warm publisher) / warm",
-                   "cc node / Mega-Cache node", "cc precompile / warm", "cc precompile / cold",
-                   "cc precompile process / eager process"], rows)
+                   "cc node / Mega-Cache node", "cc plain node / warm", "cc plain node / cold",
+                   "cc plain node process / eager process"], rows)
 
 
 COLD_INTRO = """`benchmarks/bench_cold_start.py`: {what}, batch 1 × {seq}, `use_cache=False`; mode
@@ -359,21 +359,28 @@ included. A *fresh node* has new, empty `TMPDIR`, `HOME`, `XDG_CACHE_HOME`,
 keeps its precompiled header under the temp dir), and nothing is built before measuring.
 Scenarios: `cold` (a fresh node), `torch warm` (the cold run's node again: torch's own warm
 start), `megacache node` (a fresh node + `torch.compiler.load_cache_artifacts` of the cold run's
-bytes), `cc publish` / `cc node` (compile_cache with `precompile=False` and an empty store on a
-fresh node, then a fresh node with the filled store), `cc warm publish` / `cc node (warm)` (a
-node whose local dirs are warm publishes into an empty store, then a fresh node restores from
-it; `precompile=False`), `cc precompile …` (the publish/node pair with `precompile=True`), `eager` / `first call` (no compile, a
-fresh node).
+bytes), `cc publish` / `cc node` (compile_cache with its defaults, each region group
+precompiled, and an empty store on a fresh node, then a fresh node with the filled store), `cc
+warm publish` / `cc node (warm)` (a node whose local dirs are warm publishes into an empty store,
+then a fresh node restores from it), `cc plain …` (the publish/node pair with
+`precompile=False`: FX-graph entries only, Dynamo traces on every start), `eager` / `first call`
+(no compile, a fresh node).
 {repeats}"""
 
 
 def _repeats_note(data: dict) -> str:
-    counts = {len(r["ttfo_samples"]) for r in data.get("rows", []) if r.get("ttfo_samples")}
+    """Which scenarios ran more than once, from the samples the rows hold."""
+    rows = data.get("rows", [])
+    counts = {len(r["ttfo_samples"]) for r in rows if r.get("ttfo_samples")}
     if not counts or max(counts) < 2:
         return "Every scenario ran once."
-    return (f"`torch warm` and the `cc node` scenarios ran {max(counts)} times each (every "
-            "`cc node` run on its own fresh node); their rows are the median run, all samples are "
-            "in the JSON. The other scenarios ran once.")
+    repeated = list(dict.fromkeys(f"`{r['scenario']}`" for r in rows
+                                  if len(r.get("ttfo_samples") or ()) >= 2))
+    once = [s for s in dict.fromkeys(f"`{r['scenario']}`" for r in rows) if s not in repeated]
+    note = (f"{', '.join(repeated)} ran {max(counts)} times each (every eager and `cc node` run "
+            "on its own fresh node); their rows are the median run by TTFO, and the process "
+            "ratios use the median whole process; all samples are in the JSON.")
+    return note + (f" {', '.join(once)} ran once." if once else "")
 
 
 def _cold_what(data: dict) -> tuple[str, str]:
@@ -397,8 +404,8 @@ def section_cold_start(data: dict) -> str:
 Goals (issue 12): compile_cache on a fresh node ≤ 1.0× torch's warm start on a warm node and ≤
 0.2× a cold start on a fresh node (TTFO), forward and train; its whole process ≤ 1.3× eager's
 whole process. Issue 13: compile_cache with precompile on a fresh node ≤ 0.5× torch's warm start
-on a warm node (`cc precompile` columns; the `cc node` columns are `precompile=False`, the
-default).
+on a warm node (since session 6 precompile is the default: the `cc node` columns; `cc plain
+node` is `precompile=False`).
 
 {_ratio_table(data)}
 

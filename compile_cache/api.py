@@ -80,9 +80,10 @@ def compile_regions(
     ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
     ``False``: no store, a path: that store). With a store, matching packs are restored before
     compiling, so a fresh process or node loads compiled code instead of compiling it; what the
-    forwards compile is published. ``precompile=True`` (``None``: ``COMPILE_CACHE_PRECOMPILE``,
-    else ``compile_cache.config.PRECOMPILE_DEFAULT``) also caches Dynamo's traced bytecode and
-    guards per region group, so a hit skips tracing. Every guard Dynamo can save is kept
+    forwards compile is published. ``precompile`` (``None``: ``COMPILE_CACHE_PRECOMPILE``, else
+    ``compile_cache.config.PRECOMPILE_DEFAULT``: on with Inductor) also caches Dynamo's traced
+    bytecode and guards per region group, so a hit skips tracing; ``False`` caches the compiled
+    graphs only. Every guard Dynamo can save is kept
     (attribute values, ``training``, argument counts, optional arguments, tensor metadata);
     only identity checks the key covers are dropped, and a group whose guards cannot be saved
     faithfully (or another backend than Inductor) compiles without precompile, with a
@@ -178,7 +179,8 @@ def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile
 class WarmResult:
     """What warming one input shape did.
 
-    ``status``: ``"hit"`` (nothing compiled; code came from the store or the local cache),
+    ``status``: ``"hit"`` (nothing compiled; code came from the store or the local cache: FX
+    graphs, or, with precompile, a group's whole Dynamo entry, counted in ``precompile_hits``),
     ``"compiled"`` (Inductor compiled at least one graph for this shape), or ``"none"`` (nothing
     went through Inductor's cache at all: a non-Inductor backend such as ``eager``, or code this
     process had already compiled). ``seconds`` is the wall time of this shape's forward (and
@@ -191,6 +193,7 @@ class WarmResult:
     seconds: float
     fxgraph_hits: int = 0
     fxgraph_misses: int = 0
+    precompile_hits: int = 0
     published_packs: int = 0
     published_bytes: int = 0
     restored_packs: int = 0
@@ -279,7 +282,9 @@ def warm(
         logger.info("compile_cache warm: %s", report.summary())
 
     results: list[WarmResult] = []
-    seen = _snapshot(report)
+    # The first shape is the time to first output: it owns the restore and the groups'
+    # precompiled entries that compile_regions loaded.
+    seen = _snapshot(report)[:4] + (0,)
     seen_errors = 0
     restored = (report.restored_packs, report.restored_bytes) if report else (0, 0)
     for index, (inputs, note) in enumerate(_progress(inputs_list, progress)):
@@ -297,10 +302,11 @@ def warm(
         seen_errors += len(errors)
         result = WarmResult(
             shape=label,
-            status=_status(delta[1], delta[0], restored[0] if index == 0 else 0),
+            status=_status(delta[1], delta[0] + delta[4], restored[0] if index == 0 else 0),
             seconds=seconds,
             fxgraph_hits=delta[0],
             fxgraph_misses=delta[1],
+            precompile_hits=delta[4],
             published_packs=delta[2],
             published_bytes=delta[3],
             restored_packs=restored[0] if index == 0 else 0,
@@ -313,10 +319,10 @@ def warm(
     return results
 
 
-def _snapshot(report: CacheReport | None) -> tuple[int, int, int, int]:
+def _snapshot(report: CacheReport | None) -> tuple[int, int, int, int, int]:
     if report is None:
-        return (0, 0, 0, 0)
+        return (0, 0, 0, 0, 0)
     return (report.fxgraph_hits, report.fxgraph_misses, report.published_packs,
-            report.published_bytes)
+            report.published_bytes, report.precompile_hits)
 
 

@@ -225,13 +225,13 @@ BACKEND = _register(Variable(
     "'native' or 'python'", _choice(("native", "python")),
 ))
 #: Whether ``compile_regions(precompile=None)`` uses precompile when ``COMPILE_CACHE_PRECOMPILE``
-#: is unset: the one place the default is decided. Precompile is never wrong (what it cannot
-#: keep exactly compiles without it, warned and counted: tests/test_precompile.py) and a fresh
-#: node that restores it skips Dynamo's trace (GPT-2 4x256 on CPU: 1.3 s to first output against
-#: 2.3 s without, bench_cold_start.py "cc precompile" against "cc node"). Still off: a precompile
-#: hit makes no FX-graph cache lookups, and what counts a hit (``warm``'s status, the stats'
-#: ``local`` outcome, the distributed follower's check) still looks for them.
-PRECOMPILE_DEFAULT = False
+#: is unset: the one place the default is decided (the default alone applies to Inductor only).
+#: Precompile is never wrong (what it cannot keep exactly compiles without it, warned and
+#: counted: tests/test_precompile.py), and a fresh node that restores it skips Dynamo's trace
+#: (GPT-2 4x256 on CPU: 1.3 s to first output against 2.3 s without; bench_cold_start.py
+#: "cc node" against "cc plain node"). A precompile hit makes no FX-graph cache lookup: what
+#: counts a hit counts its loaded entries (``CacheReport.precompile_hits``).
+PRECOMPILE_DEFAULT = True
 
 PRECOMPILE = _register(Variable(
     "COMPILE_CACHE_PRECOMPILE", "bool", PRECOMPILE_DEFAULT,

@@ -268,6 +268,7 @@ class PrecompileTracker:
         self.records: dict[str, dict[str, Any]] = {}
         self.functions: dict[str, pc.PrecompiledFunction] = {}  # code name -> function
         self._new: dict[str, dict[str, Any]] = {}  # found here: into the next publish
+        self._sent: dict[str, str] = {}  # code name -> digest of the entry this store was given
 
     def restored(self, metadata: list[dict[str, Any]]) -> None:
         """The metadata of the packs a restore applied, oldest first. An entry that appeared
@@ -291,17 +292,26 @@ class PrecompileTracker:
         self.functions.update(functions)
 
     def save_changed(self, on_error: Callable[[str, str], None]) -> dict[str, dict[str, bytes]]:
-        """Saves each group's entry that holds something new: group -> members to publish."""
+        """Saves each group's entry that holds something new, and returns (group -> members)
+        every entry this store has not been given yet in its current version: also one that
+        another model's session saved (the same block class in one process shares its compiled
+        code, so this model traced nothing), which the store would otherwise never get."""
         out: dict[str, dict[str, bytes]] = {}
         for code_name, pf in self.functions.items():
             try:
-                written, why = pf.save()
+                pf.save()
             except Exception as exc:  # noqa: BLE001 - torch's pickling can raise anything
                 on_error("precompile", f"saving the entry of {code_name}: {exc}")
                 continue
-            if written:
-                out[code_name] = artifacts.read_members([pf.entry_path()])
-                self._new[pf.fn.__qualname__] = {"pins": pf.pins.described()}
+            digest = pf.saved_digest
+            if pf.declined is not None or digest is None or self._sent.get(code_name) == digest:
+                continue  # a declined group's entry on disk is not what its calls run now
+            members = artifacts.read_members([pf.entry_path()])
+            if not members:  # gone from disk (pruned meanwhile): nothing to give
+                continue
+            out[code_name] = members
+            self._sent[code_name] = digest
+            self._new[pf.fn.__qualname__] = {"pins": pf.pins.described()}
         return out
 
     def metadata(self) -> dict[str, Any]:

@@ -58,10 +58,11 @@ class CacheReport:
     def outcome(self) -> str:
         """The one meaning of hit, as ``stats`` counts it: ``hit`` (restored, compiled nothing
         new), ``partial`` (restored, then compiled new graphs), ``miss`` (nothing restored from
-        the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all)."""
+        the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all:
+        FX graphs, or a group's precompiled entry, which loads without any FX-graph lookup)."""
         if self.restored_packs:
             return "hit" if self.fxgraph_misses == 0 else "partial"
-        if self.fxgraph_hits and not self.fxgraph_misses:
+        if (self.fxgraph_hits or self.precompile_hits) and not self.fxgraph_misses:
             return "local"
         return "miss"
 

@@ -17,9 +17,12 @@ SUBCOMMANDS = ("warm", "ls", "stats", "verify", "prune", "clear", "export", "imp
 
 
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The CLI subprocess's environment: no COMPILE_CACHE_* setting, its own local torch dirs,
+    and this checkout's package first on the path (not whichever copy is installed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
     env["TRITON_CACHE_DIR"] = str(tmp / "triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
     env.update(extra)
     return env
 

@@ -56,6 +56,9 @@ def run(arch: str, static: bool) -> dict:
         "restored_packs": report.restored_packs,
         "published_packs": report.published_packs,
         "errors": report.errors,
+        "precompile_hits": report.precompile_hits,
+        "precompile_groups": report.precompile_groups,
+        "frames_traced": counters["frames"]["ok"],
         "stats": compile_cache.region_stats(model),
     }
 

@@ -1,10 +1,12 @@
 """Child process of tests/test_capture.py: one job start on a node (the caller sets up the node's
 environment: new TMPDIR, HOME, XDG_CACHE_HOME and local torch cache dirs for a fresh node).
 
-    python _node_child.py STORE MODE [--flush]
+    python _node_child.py STORE MODE [--flush] [--plain]
 
 MODE: ``fwd`` (one forward under no_grad), ``train`` (one training step: forward and backward),
-``both`` (the forward, then the training step). The model is compile_cache.demo's
+``both`` (the forward, then the training step). ``--plain`` compiles with ``precompile=False``
+(FX-graph and AOTAutograd entries only, Dynamo traces on every start); the default precompiles
+each region group (compile_cache.config.PRECOMPILE_DEFAULT). The model is compile_cache.demo's
 TinyTransformer (2 blocks, width 32) in eval mode (no dropout: outputs comparable with eager).
 
 Prints ``RESULT {json}``: torch's cache counters, the largest differences from eager (output and
@@ -35,7 +37,8 @@ model(tokens).float().sum().backward()
 expected_grads = [p.grad.clone() for p in model.parameters()]
 model.zero_grad(set_to_none=True)
 
-compile_cache.compile_regions(model, cache_dir=store)
+compile_cache.compile_regions(model, cache_dir=store,
+                               precompile=False if "--plain" in sys.argv else None)
 out_diff = grad_diff = 0.0
 if mode in ("fwd", "both"):
     with torch.no_grad():
@@ -54,6 +57,7 @@ print("RESULT " + json.dumps({
     "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
     "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
     "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
+    "frames_traced": counters["frames"]["ok"],
     "out_diff": out_diff,
     "grad_diff": grad_diff,
     "header": cpp_header.counts(),

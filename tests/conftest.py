@@ -17,6 +17,23 @@ import torch
 import torch._dynamo
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite never reads or writes the real home: the default store
+    (``~/.cache/compile_cache``) and local dirs live in a home of this session. A store left in the
+    real home by an earlier run would turn a test's compile into a hit (with precompile, one that
+    traces nothing), and the tests would depend on what ran before them."""
+    home = tmp_path_factory.mktemp("home")
+    saved = {name: os.environ.get(name) for name in ("HOME", "XDG_CACHE_HOME")}
+    os.environ["HOME"], os.environ["XDG_CACHE_HOME"] = str(home), str(home / ".cache")
+    yield home
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def fresh_state() -> Iterator[None]:
     """compile_cache's process-wide state (one-time warnings, probe answers, the prefetch run,

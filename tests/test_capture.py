@@ -22,32 +22,44 @@ from compile_cache.store import Store, generations
 pytestmark = pytest.mark.inductor
 
 
-def _job(node: Path, store: Path, mode: str) -> dict:
-    return run_child("_node_child.py", node, str(store), mode)
+def _job(node: Path, store: Path, mode: str, *flags: str) -> dict:
+    return run_child("_node_child.py", node, str(store), mode, *flags)
 
 
-@pytest.fixture(scope="session")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("fresh_nodes")
+@pytest.fixture(scope="session", params=["precompile", "plain"])
+def nodes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The jobs above, with the default (each region group precompiled: a hit traces nothing)
+    and with ``precompile=False`` (FX-graph and AOTAutograd entries: Dynamo traces, then every
+    graph hits), each on its own nodes and stores."""
+    flags = ("--plain",) if request.param == "plain" else ()
+    tmp = tmp_path_factory.mktemp(f"fresh_nodes_{request.param}")
     store, empty = tmp / "store", tmp / "empty-store"
-    out = {"tmp": tmp, "store": store, "empty": empty}
-    out["cold"] = _job(tmp / "node-a", store, "both")
-    out["fwd"] = _job(tmp / "node-b", store, "fwd")
-    out["train"] = _job(tmp / "node-c", store, "train")
-    out["warm_publisher"] = _job(tmp / "node-a", empty, "both")  # node A's local dirs are warm
-    out["from_warm"] = _job(tmp / "node-d", empty, "both")
+    out = {"tmp": tmp, "store": store, "empty": empty, "precompile": request.param == "precompile"}
+    out["cold"] = _job(tmp / "node-a", store, "both", *flags)
+    out["fwd"] = _job(tmp / "node-b", store, "fwd", *flags)
+    out["train"] = _job(tmp / "node-c", store, "train", *flags)
+    out["warm_publisher"] = _job(tmp / "node-a", empty, "both", *flags)  # node A's local dirs are warm
+    out["from_warm"] = _job(tmp / "node-d", empty, "both", *flags)
     drop_precompiled_headers(tmp)
     return out
 
 
-def _assert_fresh_hit(run: dict) -> None:
+def _assert_fresh_hit(run: dict, precompile: bool) -> None:
     assert run["fxgraph_miss"] == 0 and run["aot_miss"] == 0, run
-    assert run["fxgraph_hit"] >= 1
+    if precompile:  # the groups' Dynamo entries loaded: nothing traced, no FX-graph lookup
+        assert run["report"]["precompile_hits"] >= 1 and run["frames_traced"] == 0, run
+    else:  # traced, and every graph came from the restored FX-graph entries
+        assert run["fxgraph_hit"] >= 1 and run["report"]["precompile_hits"] == 0, run
     assert run["use"]["fx_write"] == 0 and run["use"]["aot_write"] == 0  # nothing compiled
     assert run["header"]["built"] == 0, run["header"]  # no precompiled header...
     assert run["gch"] == []  # ...anywhere under this node's temp dir
     assert run["eager_calls"] == 0
     assert run["report"]["hit"] is True and run["report"]["published_packs"] == 0
+    assert run["report"]["outcome"] == "hit"
+
+
+def _is_precompile_entry(name: str) -> bool:
+    return "/dynamo/" in name  # a region group's Dynamo entry (torch's DynamoCache dir)
 
 
 def test_cold_one_step_job_compiles_and_publishes_forward_and_backward(nodes: dict) -> None:
@@ -58,34 +70,41 @@ def test_cold_one_step_job_compiles_and_publishes_forward_and_backward(nodes: di
     packs = Store(nodes["store"]).entries()[0].packs
     names = [n for p in packs for n in p.member_names]
     assert sum("/fxgraph/" in n for n in names) == cold["fxgraph_miss"]  # the backward too
-    assert len(names) == len(set(names))  # no member published twice
+    compiled = [n for n in names if not _is_precompile_entry(n)]
+    assert len(compiled) == len(set(compiled))  # no graph or kernel published twice
+    # The group's Dynamo entry grows as the job traces more (no_grad, then grad mode): each
+    # publish carries its newer version, which supersedes the older one on restore.
+    assert any(_is_precompile_entry(n) for n in names) is nodes["precompile"]
 
 
 def test_fresh_node_forward_hits_builds_no_header_and_matches_eager(nodes: dict) -> None:
-    _assert_fresh_hit(nodes["fwd"])
+    _assert_fresh_hit(nodes["fwd"], nodes["precompile"])
     assert nodes["fwd"]["out_diff"] < 1e-4
 
 
 def test_fresh_node_training_step_hits_builds_no_header_and_matches_eager(nodes: dict) -> None:
     run = nodes["train"]
-    _assert_fresh_hit(run)
+    _assert_fresh_hit(run, nodes["precompile"])
     assert run["out_diff"] < 1e-4 and run["grad_diff"] < 1e-4
 
 
 def test_fresh_node_restores_only_what_it_needs_and_nothing_else(nodes: dict) -> None:
-    """The pack holds FX/AOT entries, kernels and ISA libraries: no sources, objects, headers."""
+    """The pack holds FX/AOT (and precompile) entries, kernels and ISA libraries: no sources,
+    objects, headers."""
     names = [n for p in Store(nodes["store"]).entries()[0].packs for n in p.member_names]
-    kinds = {("entry" if "/fxgraph/" in n or "/aotautograd/" in n else n.rsplit(".", 1)[-1])
-             for n in names}
+    kinds = {("entry" if "/fxgraph/" in n or "/aotautograd/" in n or _is_precompile_entry(n)
+              else n.rsplit(".", 1)[-1]) for n in names}
     assert kinds == {"entry", "so"}, kinds
 
 
 def test_warm_local_publisher_fills_an_empty_store_that_a_fresh_node_hits(nodes: dict) -> None:
     warm = nodes["warm_publisher"]
-    assert warm["fxgraph_miss"] == 0 and warm["fxgraph_hit"] >= 3  # everything hit locally
-    assert warm["report"]["restored_packs"] == 0
+    # Everything hit locally. A local precompile entry without the store's record of its pins
+    # does not load: the group traces again, and its graphs hit.
+    assert warm["fxgraph_miss"] == 0 and warm["fxgraph_hit"] >= 3
+    assert warm["report"]["restored_packs"] == 0 and warm["report"]["outcome"] == "local"
     assert Store(nodes["empty"]).stats()["packs"] >= 1  # and still it published
-    _assert_fresh_hit(nodes["from_warm"])
+    _assert_fresh_hit(nodes["from_warm"], nodes["precompile"])
     run = nodes["from_warm"]
     assert run["out_diff"] < 1e-4 and run["grad_diff"] < 1e-4
 
@@ -165,6 +184,10 @@ def test_a_model_edited_ten_times_restores_one_generation(edited: dict) -> None:
     assert sum("/aotautograd/" in n for n in selection.wanted) == 1
     fresh = edited["fresh"]
     assert fresh["misses"] == 0 and fresh["hits"] == 1 and fresh["diff"] < 1e-5
+    # The helper is a global the group's precompiled entry pins: the first job's entry names
+    # its first version, so every later edit (and this fresh node) declines it and runs the
+    # compiled graphs of its own generation instead, never the first edit's traced code.
+    assert fresh["report"]["precompile_hits"] == 0 and fresh["report"]["precompile_declined"] >= 1
     assert fresh["fx_files"] == 1 and fresh["aot_files"] == 1  # one generation on disk
     assert fresh["report"]["restored_packs"] < EDITS
 

@@ -84,6 +84,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         "compiled": compiled,
         "fxgraph_hits": sum(r.fxgraph_hits for r in results),
         "fxgraph_misses": sum(r.fxgraph_misses for r in results),
+        "precompile_hits": sum(r.precompile_hits for r in results),
         "restored_packs": report.restored_packs if report else 0,
         "published_packs": sum(r.published_packs for r in results),
         "published_bytes": published,

@@ -102,8 +102,7 @@ def warm_up(
                 compile_under_lock(report, target, example_inputs, train, session, sig, wait)
             else:
                 local(report, target, example_inputs, train, session)
-        report.seconds = time.perf_counter() - start
-        return remember(report)
+        return _finish(report, session, start)
 
     ranks = Ranks.current()
     infos, ns = ranks.gather(
@@ -117,8 +116,7 @@ def warm_up(
              "without a barrier", warn=True)
         with tags:
             local(report, target, example_inputs, train, session)
-        report.seconds = time.perf_counter() - start
-        return remember(report)
+        return _finish(report, session, start)
 
     check_hazards(infos)
     ns = f"{ns}/{infos[0]['nonce']}"
@@ -148,8 +146,16 @@ def warm_up(
         raise
     if barrier:
         _final_barrier(report, ranks, ns, wait)
-    report.seconds = time.perf_counter() - start
+    _finish(report, session, start)
     logger.info("compile_cache: warm-up %s", report.to_dict())
+    return report
+
+
+def _finish(report: WarmUpReport, session: Any, start: float) -> WarmUpReport:
+    """Times the warm-up and keeps it as this process's last one."""
+    report.seconds = time.perf_counter() - start
+    if session is not None:
+        report.precompile_hits = session.report.precompile_hits
     return remember(report)
 
 

@@ -42,7 +42,8 @@ class WarmUpReport:
     (waited, restored, then warmed up), ``source``/``receiver`` (broadcast). ``notes`` name every
     wait that ran out, every lock waited for past its timeout, and every broadcast not sent.
     ``fxgraph_misses`` counts graphs this rank's warm-up compiled; zero on a follower means it
-    compiled nothing.
+    compiled nothing. ``precompile_hits`` counts the region groups whose precompiled Dynamo
+    entry this start loaded (restored, so nothing traced, and no FX-graph lookup made).
     """
 
     mode: str
@@ -52,6 +53,7 @@ class WarmUpReport:
     waited_seconds: float = 0.0
     fxgraph_hits: int = 0
     fxgraph_misses: int = 0
+    precompile_hits: int = 0
     received_packs: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
 

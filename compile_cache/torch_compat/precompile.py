@@ -420,6 +420,11 @@ class PrecompiledFunction:
             self._saved_digest = digest
             return True, "written"
 
+    @property
+    def saved_digest(self) -> str | None:
+        """The :meth:`content_digest` of the entry on disk (saved here, or loaded), else None."""
+        return self._saved_digest
+
     def content_digest(self) -> str | None:
         """A digest of what the package holds: every frame's guards and bytecode, per code."""
         if self.package is None:
