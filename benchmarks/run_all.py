@@ -90,9 +90,9 @@ BENCHMARKS: dict[str, dict] = {
         "file": "cli.json",
         "heading": "## Command line",
     },
-    "generate": {  # the size, 4 layers x 2048 (Llama-3.2-1B's width): ~20 min on 2 cores
+    "generate": {  # the size, 4 layers x 2048 (Llama-3.2-1B's width): ~15 min on 2 cores
         "script": "bench_generate.py",
-        "args": ["--rounds", "1", "--variants", "eager,full,hf_static,ours,ours_store"],
+        "args": ["--rounds", "3"],
         "smoke": ["--width", "64", "--new", "8", "--warm-runs", "1", "--variants",
                   "eager,ours,ours_store"],
         "file": "generate.json",

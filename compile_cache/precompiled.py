@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from . import _warnings, artifacts
+from . import _warnings
 from .keys import canonical_compile_kwargs
 from .store.stats import record_precompile
 from .torch_compat import precompile as pc
@@ -291,13 +291,18 @@ class PrecompileTracker:
         """The groups' precompiled functions (code name -> function), to save and reload."""
         self.functions.update(functions)
 
-    def save_changed(self, on_error: Callable[[str, str], None]) -> dict[str, dict[str, bytes]]:
-        """Saves each group's entry that holds something new, and returns (group -> members)
-        every entry this store has not been given yet in its current version: also one that
-        another model's session saved (the same block class in one process shares its compiled
-        code, so this model traced nothing), which the store would otherwise never get."""
-        out: dict[str, dict[str, bytes]] = {}
+    def save_changed(self, on_error: Callable[[str, str], None]) -> dict[str, str]:
+        """Saves each group's entry that holds something new (normally already saved at the end
+        of the compile that traced it: then this only compares digests), and returns (group ->
+        entry path) every entry this store has not been given yet in its current version: also
+        one that another model's session saved (the same block class in one process shares its
+        compiled code, so this model traced nothing), which the store would otherwise never
+        get. The publisher reads the files, off the training step."""
+        out: dict[str, str] = {}
         for code_name, pf in self.functions.items():
+            failed = pf.take_save_error()
+            if failed is not None:
+                on_error("precompile", f"saving the entry of {code_name}: {failed}")
             try:
                 pf.save()
             except Exception as exc:  # noqa: BLE001 - torch's pickling can raise anything
@@ -306,10 +311,7 @@ class PrecompileTracker:
             digest = pf.saved_digest
             if pf.declined is not None or digest is None or self._sent.get(code_name) == digest:
                 continue  # a declined group's entry on disk is not what its calls run now
-            members = artifacts.read_members([pf.entry_path()])
-            if not members:  # gone from disk (pruned meanwhile): nothing to give
-                continue
-            out[code_name] = members
+            out[code_name] = pf.entry_path()
             self._sent[code_name] = digest
             self._new[pf.fn.__qualname__] = {"pins": pf.pins.described()}
         return out

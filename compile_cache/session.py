@@ -125,6 +125,7 @@ class CacheSession(PublishingSession):
         self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
         #: With precompile: group -> the members of its saved Dynamo entry (every pack's usage)
         self._extra: dict[str, dict[str, bytes]] = {}
+        self._extra_paths: dict[str, str] = {}  # group -> its entry file, read when publishing
         #: With precompile: the groups' precompiled functions, saved after forwards that traced.
         self.precompiled = PrecompileTracker(self.report, store)
 

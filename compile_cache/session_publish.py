@@ -33,6 +33,7 @@ class PublishingSession:
     _capture: artifacts.Capture | None
     _known: dict[str, tuple[str, int, int, str]]
     _extra: dict[str, dict[str, bytes]]
+    _extra_paths: dict[str, str]
     precompiled: Any  # compile_cache.precompiled.PrecompileTracker
     _published_generation: int | None
     _pending_seconds: float
@@ -55,20 +56,29 @@ class PublishingSession:
         return publisher.get().drain(timeout)  # also the counters queued (the start's outcome)
 
     def _prepare_precompile(self) -> bool:
-        """With precompile: saves each group's Dynamo entry that holds something new (on this
-        thread, outside any compile) and keeps its bytes as the group's precompile unit, which
-        every later pack's manifest names; True when one changed."""
+        """With precompile: makes sure each group's Dynamo entry that holds something new is
+        saved, and notes the entries to publish as the groups' precompile units, which every
+        later pack's manifest names; True when one changed. Cheap (digests): the entries are
+        saved at the end of the compiles and read by the publisher."""
         if not self.precompile:
             return False
         saved = self.precompiled.save_changed(self._error)
-        for group, members in saved.items():
-            self._extra[group] = dict(members)  # a replaced entry keeps its name: new bytes win
+        self._extra_paths.update(saved)
         return bool(saved)
+
+    def _read_extra(self) -> None:
+        """Reads the noted precompile entries (on the publisher's thread): a replaced entry keeps
+        its name, and its newest bytes win."""
+        for group, path in dict(self._extra_paths).items():
+            members = artifacts.read_members([path])
+            if members:
+                self._extra[group] = members
 
     def _publish_by_use(self) -> None:
         """Publishes, as one pack, every member the model's groups used that the store lacks,
         with the manifest of the whole usage (runs on the publisher's thread)."""
         with self._publish_lock:
+            self._read_extra()
             found = capture.usage(self.owners, self._known, self._extra)
             if found.generation == self._published_generation or not found.units:
                 return
@@ -91,6 +101,7 @@ class PublishingSession:
         except OSError as exc:
             self._error("capture", str(exc))
             return
+        self._read_extra()
         for group_members in self._extra.values():
             members.update(group_members)
         held = self._held()

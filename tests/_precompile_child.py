@@ -53,6 +53,7 @@ class Case:
         self.frames0 = counters["frames"]["ok"]
         self.hits0 = counters["dynamo_cache"]["dynamo_cache_hit"]
         self.fx0 = counters["inductor"]["fxgraph_cache_miss"]
+        self.saves0 = dict(pc.SAVES)
         self._warnings = warnings.catch_warnings(record=True)
 
     def __enter__(self) -> Case:
@@ -77,6 +78,8 @@ class Case:
         self.rec["frames_traced"] = counters["frames"]["ok"] - self.frames0
         self.rec["dynamo_cache_hits"] = counters["dynamo_cache"]["dynamo_cache_hit"] - self.hits0
         self.rec["fxgraph_misses"] = counters["inductor"]["fxgraph_cache_miss"] - self.fx0
+        self.rec["entry_saves"] = {at: pc.SAVES.get(at, 0) - self.saves0.get(at, 0)
+                                   for at in ("compile", "forward")}
         self.rec["reports"] = [
             {"key": r.key, "groups": r.precompile_groups, "published_packs": r.published_packs,
              "restored_packs": r.restored_packs, "errors": r.errors}

@@ -42,6 +42,7 @@ def _fresh_node(root: Path) -> dict[str, str]:
                       ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
         (root / sub).mkdir(parents=True, exist_ok=True)
         env[name] = str(root / sub)
+    env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
     return env
 
 
@@ -174,6 +175,18 @@ def test_a_fresh_node_traces_nothing_the_store_holds(nodes: dict[str, Any]) -> N
         assert nodes["load"][name]["dynamo_cache_hits"] >= 1, name
     assert nodes["load"]["gpt2"]["frames_traced"] == 0  # no cache call: nothing traced
     assert nodes["publish"]["plain"]["frames_traced"] >= 1  # the check can fail
+
+
+def test_the_publisher_saves_entries_when_they_compile_not_in_a_training_step(
+    nodes: dict[str, Any],
+) -> None:
+    """Serialising a group's entry takes milliseconds: it happens at the end of the compile
+    that traced it (already seconds long), never in the forward's hook of a step."""
+    for name in EXACT:
+        saves = nodes["publish"][name]["entry_saves"]
+        assert saves["forward"] == 0, (name, saves)
+    assert nodes["publish"]["plain"]["entry_saves"]["compile"] >= 1
+    assert nodes["load"]["plain"]["entry_saves"] == {"compile": 0, "forward": 0}  # it loaded
 
 
 def test_per_block_values_each_get_their_own_graph(nodes: dict[str, Any]) -> None:

@@ -187,6 +187,13 @@ def _package_of(compiled: Any) -> Any:
     raise PrecompileDeclined("torch.compile's wrapper exposes no CompilePackage (torch moved it)")
 
 
+def _counter_frames() -> int:
+    """Frames Dynamo has traced in this process (``counters["frames"]["ok"]``)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
 def _counter(name: str) -> int:
     from torch._dynamo.utils import counters
 
@@ -231,6 +238,7 @@ class PrecompiledFunction:
         #: store should not remember it for the entry.
         self.decline_persists = True
         self.source_id = CompilePackage.source_id_from_fn(fn)
+        self._save_error: str | None = None
         if declined is None and global_flag_on():
             declined = ("torch._dynamo.config.caching_precompile is on for the whole process "
                         "(TORCH_CACHING_PRECOMPILE=1); its forced drop of identity guards is not "
@@ -344,6 +352,7 @@ class PrecompiledFunction:
         old = dynamo_config.caching_precompile, functorch_config.force_non_lazy_backward_lowering
         dynamo_config.caching_precompile = True
         functorch_config.force_non_lazy_backward_lowering = True
+        traced = _counter_frames()
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as exc:
@@ -355,6 +364,8 @@ class PrecompiledFunction:
                 if len(self.report.pins) != self._pins_seen:  # new frames traced
                     self._pins_seen = len(self.report.pins)
                     self.pins.add(self.report.pins)
+                if _counter_frames() != traced:  # this call compiled: its entry is saved now,
+                    self._save_after_compile()  # as part of the compile, not in a step's hook
                 return out
             # suppress_errors=True swallowed the decline and ran the frame eagerly: the output
             # is right; compile without precompile from now on.
@@ -405,20 +416,40 @@ class PrecompiledFunction:
                     return f"backend {backend_id} not recorded yet"
         return None
 
-    def save(self) -> tuple[bool, str]:
-        """Writes the entry when it is faithful and holds something new: (written, why)."""
+    def save(self, *, blocking: bool = True, at: str = "forward") -> tuple[bool, str]:
+        """Writes the entry when it is faithful and holds something new: (written, why).
+
+        Called right after a call that traced (as part of that compile; not blocking: a busy
+        function is saved later) and again, cheaply, after forwards: an unchanged entry costs
+        one digest, not a serialisation."""
         from torch._dynamo.package import DynamoCache
 
-        with self._lock:
+        if not self._lock.acquire(blocking=blocking):
+            return False, "busy"
+        try:
+            digest = self.content_digest()
+            if digest is not None and digest == self._saved_digest:
+                return False, "unchanged"
             reason = self.why_not_saveable()
             if reason is not None:
                 return False, reason
-            digest = self.content_digest()
-            if digest == self._saved_digest:
-                return False, "unchanged"
             DynamoCache.save(self.package)  # write_atomic into <cache_dir>/dynamo/<id>/entry
             self._saved_digest = digest
+            SAVES[at] = SAVES.get(at, 0) + 1
             return True, "written"
+        finally:
+            self._lock.release()
+
+    def _save_after_compile(self) -> None:
+        try:
+            self.save(blocking=False, at="compile")
+        except Exception as exc:  # noqa: BLE001 - never fail the user's call for a cache save
+            self._save_error = f"{type(exc).__name__}: {exc}"
+
+    def take_save_error(self) -> str | None:
+        """Why the last save at the end of a compile failed (once), else None."""
+        error, self._save_error = self._save_error, None
+        return error
 
     @property
     def saved_digest(self) -> str | None:
@@ -443,6 +474,11 @@ class PrecompiledFunction:
         from torch._dynamo.package import DynamoCache
 
         return os.path.join(DynamoCache.path_prefix(), self.source_id, "entry")
+
+
+#: Entries written, by where: ``compile`` (right after the call that traced them, as part of
+#: that compile) or ``forward`` (by the forward's hook: only when that save was skipped).
+SAVES: dict[str, int] = {}
 
 
 def _reset_precompile_entries(code: types.CodeType) -> None:
