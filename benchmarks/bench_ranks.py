@@ -2,7 +2,9 @@
 time a training step spends in compile_cache's hooks while a publish runs on a large store.
 
 Two ranks (gloo, CPU) run GPT-2 from transformers (random weights, eval, ``no_grad``, batch 1 x seq,
-``use_cache=False``), each rank with its own empty ``TORCHINDUCTOR_CACHE_DIR``:
+``use_cache=False``), each rank on a fresh node of its own (new TMPDIR, HOME, XDG_CACHE_HOME,
+TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR: nothing machine-wide, such as Inductor's
+precompiled header under the temp dir, is left over from another run):
 
 ``uncached``  ``compile_regions(model, cache_dir=False)``, then the first forward: every rank compiles.
 ``cached``    ``compile_regions(model, cache_dir=<empty shared store>, example_inputs=...)``: one rank
@@ -186,8 +188,11 @@ def _run_hooks(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     root = work / "hooks"
     root.mkdir()
     fill_s = _fill_store(root / "store", args.store_packs)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCHINDUCTOR_"))}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), BENCH_STORE=str(root / "store"),
+    from _common import fresh_node_env
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env = fresh_node_env(str(root / "node"), env)
+    env.update(BENCH_STORE=str(root / "store"),
                OMP_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
     cmd = [sys.executable, __file__, "--hooks-child", str(root / "r.json"), str(args.layers),
@@ -219,9 +224,11 @@ def _run_variant(variant: str, args: argparse.Namespace, work: Path) -> list[dic
                           timeout=datetime.timedelta(seconds=1800))
     procs = []
     for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCHINDUCTOR_"))}
+        from _common import fresh_node_env
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+        env = fresh_node_env(str(root / f"node{rank}"), env)
         env.update(
-            TORCHINDUCTOR_CACHE_DIR=str(root / f"inductor{rank}"),
             BENCH_STORE=str(root / "store"),
             OMP_NUM_THREADS=str(args.threads),
             PYTHONPATH=str(ROOT),
