@@ -39,7 +39,6 @@ import hashlib
 import itertools
 import logging
 import os
-import re
 import shutil
 import sys
 import threading
@@ -51,6 +50,7 @@ from ..errors import PrecompileDeclined
 from . import available, capability, mark_missing
 from .precompile_guards import GuardReport, make_guard_filter, unsupported_guard_types
 from .precompile_names import ENTRY_FORMAT, entry_name, region_function
+from .precompile_names import advance_unique_ids as _advance_unique_ids
 from .precompile_pins import Pins, forward_count, next_forward, verify
 
 logger = logging.getLogger("compile_cache")
@@ -498,26 +498,3 @@ def _caused_by(exc: BaseException | None, kind: type) -> bool:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return False
-
-
-#: Globals Dynamo names with its process-wide counter: ``<prefix>_<n>``, ``__compiled_fn`` with
-#: a uuid after the number.
-_LOCK = threading.Lock()
-_UNIQUE_NAME = re.compile(r"^(?:__|torch_dynamo_resume).*?_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?$")
-
-
-def _advance_unique_ids(scope: dict[str, Any]) -> None:
-    """Move torch's ``unique_id`` counter past every counter-named global in ``scope``, so that
-    the next trace in this process does not pick a name a loaded package installed there."""
-    import torch._dynamo.bytecode_transformation as bt
-
-    top = -1
-    for name in list(scope):
-        match = _UNIQUE_NAME.match(name)
-        if match:
-            top = max(top, int(match.group(1)))
-    if top < 0:
-        return
-    with _LOCK:
-        current = next(bt._unique_id_counter)
-        bt._unique_id_counter = itertools.count(max(current, top + 1))

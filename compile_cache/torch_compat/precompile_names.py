@@ -11,7 +11,9 @@ an entry, and packages of different publishers never meet in one namespace.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import re
 import sys
 import threading
 import types
@@ -19,7 +21,7 @@ from typing import Any
 
 from .precompile_pins import code_digest
 
-__all__ = ["ENTRY_FORMAT", "entry_name", "region_function"]
+__all__ = ["ENTRY_FORMAT", "advance_unique_ids", "entry_name", "region_function"]
 
 #: In every entry name: bumped when what an entry may rely on changes (the guard filter's rules),
 #: so that entries (and recorded declines) of an older compile_cache are not used.
@@ -69,3 +71,26 @@ def region_function(template: types.FunctionType, name: str) -> types.FunctionTy
             fn.__qualname__ = name
             _FUNCTIONS[name] = fn
         return fn
+
+
+#: Globals Dynamo names with its process-wide counter: ``<prefix>_<n>``, ``__compiled_fn`` with
+#: a uuid after the number.
+_COUNTER_LOCK = threading.Lock()
+_UNIQUE_NAME = re.compile(r"^(?:__|torch_dynamo_resume).*?_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?$")
+
+
+def advance_unique_ids(scope: dict[str, Any]) -> None:
+    """Move torch's ``unique_id`` counter past every counter-named global in ``scope``, so that
+    the next trace in this process does not pick a name a loaded package installed there."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    top = -1
+    for name in list(scope):
+        match = _UNIQUE_NAME.match(name)
+        if match:
+            top = max(top, int(match.group(1)))
+    if top < 0:
+        return
+    with _COUNTER_LOCK:
+        current = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(current, top + 1))
