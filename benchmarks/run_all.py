@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -567,6 +568,20 @@ def section_generate(data: dict) -> str:
         if value is not None:
             met = value <= goal if sense == "<=" else value >= goal
             goals.append(f"- {what}: **{value:.2f}** (goal {sense} {goal}: {'met' if met else 'not met'})")
+    paired = data.get("paired") or {}
+    if paired.get("ours_vs_full_per_pair"):
+        pairs = ", ".join(f"{v:.2f}" for v in paired["ours_vs_full_per_pair"])
+        rates = paired.get("decode_tok_s", {})
+        medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in rates.items() if v)
+        goals.append(f"- decode A/B in one process ({paired.get('pairs')} pairs of full and ours "
+                     f"alternating; ours / full per pair): {pairs}; median tok/s {medians}")
+    if ratios.get("decode_vs_full_per_process") is not None:
+        goals.append(f"- ours / full decode of the per-process medians above: "
+                     f"{ratios['decode_vs_full_per_process']:.2f}")
+    for n, r in enumerate(ratios.get("per_round", []), 1):
+        values = ", ".join(f"{k.split('_vs_')[0].replace('_', ' ')} {v:.2f}" for k, v in r.items()
+                           if v is not None)
+        goals.append(f"- round {n} alone: {values}")
     if ratios.get("ours_break_decode_vs_ours") is not None:
         goals.append(f"- decode tok/s with the cache update between two graphs everywhere / with "
                      f"layer views: {ratios['ours_break_decode_vs_ours']:.2f}")
@@ -574,7 +589,9 @@ def section_generate(data: dict) -> str:
 {cfg.get('layers', '?')} layers × {cfg.get('width', '?')}, {cfg.get('dtype', '?')}, greedy, prompt
 {cfg.get('prompt', '?')} tokens, {cfg.get('new', '?')} new tokens; every variant in its own process on a fresh
 node; cold figures from the compile call, warm figures the median of {cfg.get('warm_runs', '?')} more
-generates; medians of {cfg.get('rounds', '?')} round(s). In bf16 a compiled variant's token ids may differ
+generates; medians of {cfg.get('rounds', '?')} round(s). The decode goal is taken from an A/B run: eager,
+full compile and ours in one more process, alternating generates, so each pair shares the
+machine's speed of that moment. In bf16 a compiled variant's token ids may differ
 from eager's (near-tied logits of random weights); the tests check equality in fp32.
 
 {_provenance(data, "python benchmarks/bench_generate.py --json")}

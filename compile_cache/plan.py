@@ -49,6 +49,11 @@ REASONS: dict[str, str] = {
         "and compiling it alone would cost a compile for nothing to fuse"
     ),
     "container": "eager: a container with no forward of its own; its children are planned one by one",
+    "no_parameters": (
+        "eager: holds no parameters (a rotary embedding, a mask builder: a few small ops); "
+        "compiling it would add a graph, and a C++ or Triton compile, per input shape and phase "
+        "for no measurable gain"
+    ),
     "disabled": "eager: compile_regions(..., disable=True)",
 }
 
@@ -275,7 +280,10 @@ def plan_regions(model: nn.Module) -> RegionPlan:
     A region is a maximal subtree whose fingerprint (``attributes=False``: per-block settings
     such as ``layer_idx`` do not split a group) occurs at least twice in the model; only callable
     composite modules, or modules whose class is not from ``torch.nn``, qualify (a repeated
-    ``nn.Linear`` is one op, not worth a compile). Regions sharing a digest form a group.
+    ``nn.Linear`` is one op, not worth a compile). Regions sharing a digest form a group. A part
+    outside the regions that holds no parameters (Llama's rotary embedding) stays eager: its few
+    small ops gain nothing from a compile, which would cost one C++ build per input shape and
+    phase (a cold ``generate()`` on CPU spent about 6 s compiling Llama's).
     """
     check_module(model, "plan_regions")
     fps = fingerprint_tree(model, attributes=False)
@@ -354,6 +362,8 @@ def plan_regions(model: nn.Module) -> RegionPlan:
             rest.append(part(False, "container"))
             for c in children(name):
                 walk(c)
+        elif _can_be_region(mod) and next(mod.parameters(), None) is None:
+            rest.append(part(False, "no_parameters"))
         elif _can_be_region(mod):
             rest.append(part(True, "part"))
         else:

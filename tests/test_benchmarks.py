@@ -225,8 +225,15 @@ GENERATE = {
          "fxgraph_miss": 3, "same_tokens_as_eager": False},
         {"variant": "hf_static", "error": ["RuntimeError: boom"]},
     ],
-    "ratios": {"cold_generate_vs_full": 0.45, "decode_vs_full": 0.97,
-               "store_node_vs_eager_budget": 3.1, "ours_break_decode_vs_ours": 0.8},
+    "ratios": {"cold_generate_vs_full": 0.45, "decode_vs_full": 0.98,
+               "decode_vs_full_per_process": 0.91,
+               "store_node_vs_eager_budget": 3.1, "ours_break_decode_vs_ours": 0.8,
+               "per_round": [{"cold_generate_vs_full": 0.44, "decode_vs_full": 1.02,
+                              "store_node_vs_eager_budget": 3.0}]},
+    "paired": {"variant": "paired", "pairs": 3, "ours_vs_full_per_pair": [0.96, 1.01, 0.98],
+               "ours_vs_full": 0.98, "decode_tok_s": {"eager": [70.0, 71.0, 72.0],
+                                                       "full": [80.0, 81.0, 82.0],
+                                                       "ours": [78.0, 82.0, 80.0]}},
     "run": {"command": "python benchmarks/bench_generate.py --width 256 --rounds 3 --json",
             "machine": MACHINE, "torch": "2.13.0+cpu", "date": "2025-01-03", "wall_s": 900.0,
             "smoke": False},
@@ -244,6 +251,11 @@ def test_generate_section_shows_each_variant_and_each_goal(tmp_path):
     assert "4 layers × 256, bfloat16" in text and "RuntimeError: boom" in text
     assert "| full | 30.00 | 51.40 | 0.770 | 85.7 | 3 | 0/3 | no | 3 |" in text
     assert "full compile's: **0.45** (goal <= 0.5: met)" in text
+    # the decode goal is the A/B run's median pair, and the per-process figure is shown beside it
+    assert "(median of the A/B pairs): **0.98** (goal >= 0.95: met)" in text
+    assert "ours / full per pair): 0.96, 1.01, 0.98; median tok/s eager 71.0, full 81.0" in text
+    assert "per-process medians above: 0.91" in text
+    assert "round 1 alone: cold generate 0.44, decode 1.02, store node 3.00" in text
     assert "(1.2 x eager's + 2 s): **3.10** (goal <= 1.0: not met)" in text
     assert "--width 256 --rounds 3 --json" in text
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import torch
 from _region_models import Head, MixedModel, Nested, SeqModel
 from torch import nn
 
-from compile_cache.plan import RegionPlan, plan_regions
+from compile_cache.plan import REASONS, RegionPlan, plan_regions
 
 
 def _groups(plan: RegionPlan) -> dict[str, tuple[str, ...]]:
@@ -66,3 +67,32 @@ def test_plan_gpt2(tiny_gpt2):
     eager = {p.name for p in plan.eager_rest}
     assert {"transformer.wte", "transformer.wpe", "transformer.drop", "transformer.ln_f"} <= eager
     assert "lm_head" in eager and plan.compiled_rest == ()
+
+
+class _Positions(nn.Module):
+    """Parameter-free (a buffer only), like Llama's rotary embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x * self.scale)
+
+
+class _WithPositions(SeqModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = _Positions()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.positions(self.inp(x))))
+
+
+def test_a_part_without_parameters_stays_eager_and_says_why():
+    plan = plan_regions(_WithPositions())
+    rest = {p.name: p for p in plan.rest}
+    assert not rest["positions"].compiled and rest["head"].compiled
+    assert rest["positions"].reason == REASONS["no_parameters"]
+    assert plan.expected_graphs == 2  # the group and the head, not the positions
+    assert "holds no parameters" in str(plan)
