@@ -250,7 +250,7 @@ DEFER_HEADER = _register(Variable(
     f"a boolean: {BOOLEAN_VALUES}", parse_bool,
 ))
 PREFETCH_HEADER = _register(Variable(
-    "COMPILE_CACHE_PREFETCH_HEADER", "bool", False,
+    "COMPILE_CACHE_PREFETCH_HEADER", "bool", True,
     "on a cold start, build Inductor's precompiled CPU kernel header in the background",
     f"a boolean: {BOOLEAN_VALUES}", parse_bool,
 ))

@@ -28,7 +28,7 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_PRECOMPILE": ("on", True, "sometimes"),
     "COMPILE_CACHE_PREFETCH": ("off", False, "later"),
     "COMPILE_CACHE_DEFER_HEADER": ("0", False, "lazy"),
-    "COMPILE_CACHE_PREFETCH_HEADER": ("true", True, "early"),
+    "COMPILE_CACHE_PREFETCH_HEADER": ("false", False, "early"),
     "COMPILE_CACHE_DISTRIBUTED": ("broadcast", "broadcast", "nfs"),
     "COMPILE_CACHE_BROADCAST_SCOPE": ("node", "node", "host"),
     "COMPILE_CACHE_WAIT_TIMEOUT": ("2.5", 2.5, "-1"),

@@ -102,3 +102,28 @@ def test_a_cancelled_run_starts_no_further_build(tmp_path: Path) -> None:
     assert outcome == "cancelled"
     assert builder.builds == 0
     assert answer.result(timeout=1) is None
+
+
+@pytest.mark.parametrize(("cold", "env", "builds"), [
+    (True, None, True), (False, None, False), (True, "0", False),
+], ids=["cold-start-builds-by-default", "restored-start-builds-none", "switched-off"])
+def test_a_cold_start_builds_the_kernel_header_in_the_background(
+    monkeypatch: pytest.MonkeyPatch, cold: bool, env: str | None, builds: bool
+) -> None:
+    """The header a cold CPU compile waits for is built while Dynamo traces, unless the start
+    restored its kernels (then it needs no header) or COMPILE_CACHE_PREFETCH_HEADER=0."""
+    from compile_cache.torch_compat import cpp_header
+
+    started = []
+    monkeypatch.setattr(cpp_header, "start_background_build", lambda: started.append(1))
+    monkeypatch.setattr(prefetch, "start_probe_builds", lambda: None)
+    monkeypatch.setattr(prefetch, "defer_header_for", lambda model, kwargs: True)
+    if env is None:
+        monkeypatch.delenv("COMPILE_CACHE_PREFETCH_HEADER", raising=False)
+    else:
+        monkeypatch.setenv("COMPILE_CACHE_PREFETCH_HEADER", env)
+    prefetch.start_for(torch.nn.Linear(2, 2), {}, cold=cold)
+    assert bool(started) is builds
+    started.clear()
+    prefetch.start_for(torch.nn.Linear(2, 2), {"backend": "aot_eager"}, cold=cold)
+    assert not started  # no CPU kernels: no header

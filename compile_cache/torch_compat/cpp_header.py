@@ -22,7 +22,7 @@ header no build uses.
 this process first. The kernel keys are computed from a command line without the header, so they
 do not change; a hit runs no g++ at all, and a miss runs byte-identical commands (tested).
 
-:func:`start_background_build` (``COMPILE_CACHE_PREFETCH_HEADER``, default off; the policy is in
+:func:`start_background_build` (``COMPILE_CACHE_PREFETCH_HEADER``, default on; the policy is in
 :mod:`compile_cache.prefetch`) builds the header a cold start will need in a thread, as soon as
 its arguments are known: right after torch's ISA probe, or at once from the ISA torch will most
 likely pick (only where guessing reads no flag the probe edits). A wrong guess only wastes CPU.
