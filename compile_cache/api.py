@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -284,7 +284,7 @@ def warm(
     results: list[WarmResult] = []
     # The first shape is the time to first output: it owns the restore and the groups'
     # precompiled entries that compile_regions loaded.
-    seen = _snapshot(report)[:4] + (0,)
+    seen = _snapshot(report)._replace(precompile_hits=0)
     seen_errors = 0
     restored = (report.restored_packs, report.restored_bytes) if report else (0, 0)
     for index, (inputs, note) in enumerate(_progress(inputs_list, progress)):
@@ -296,19 +296,19 @@ def warm(
             raise ConfigError("--train: the model's output has no tensor that requires grad")
         seconds = time.perf_counter() - t0 + (setup_seconds if index == 0 else 0.0)
         now = _snapshot(report)
-        delta = [a - b for a, b in zip(now, seen, strict=True)]
-        seen = now
+        delta, seen = now.minus(seen), now
         errors = list(report.errors[seen_errors:]) if report else []
         seen_errors += len(errors)
         result = WarmResult(
             shape=label,
-            status=_status(delta[1], delta[0] + delta[4], restored[0] if index == 0 else 0),
+            status=_status(delta.fxgraph_misses, delta.fxgraph_hits + delta.precompile_hits,
+                           restored[0] if index == 0 else 0),
             seconds=seconds,
-            fxgraph_hits=delta[0],
-            fxgraph_misses=delta[1],
-            precompile_hits=delta[4],
-            published_packs=delta[2],
-            published_bytes=delta[3],
+            fxgraph_hits=delta.fxgraph_hits,
+            fxgraph_misses=delta.fxgraph_misses,
+            precompile_hits=delta.precompile_hits,
+            published_packs=delta.published_packs,
+            published_bytes=delta.published_bytes,
             restored_packs=restored[0] if index == 0 else 0,
             restored_bytes=restored[1] if index == 0 else 0,
             key=report.key if report else None,
@@ -319,10 +319,23 @@ def warm(
     return results
 
 
-def _snapshot(report: CacheReport | None) -> tuple[int, int, int, int, int]:
+class _Counts(NamedTuple):
+    """What a warm-up shape adds to the report (the difference of two snapshots)."""
+
+    fxgraph_hits: int = 0
+    fxgraph_misses: int = 0
+    published_packs: int = 0
+    published_bytes: int = 0
+    precompile_hits: int = 0
+
+    def minus(self, other: _Counts) -> _Counts:
+        return _Counts(*(a - b for a, b in zip(self, other, strict=True)))
+
+
+def _snapshot(report: CacheReport | None) -> _Counts:
     if report is None:
-        return (0, 0, 0, 0, 0)
-    return (report.fxgraph_hits, report.fxgraph_misses, report.published_packs,
-            report.published_bytes, report.precompile_hits)
+        return _Counts()
+    return _Counts(report.fxgraph_hits, report.fxgraph_misses, report.published_packs,
+                   report.published_bytes, report.precompile_hits)
 
 

@@ -126,6 +126,7 @@ class CacheSession(PublishingSession):
         #: With precompile: group -> the members of its saved Dynamo entry (every pack's usage)
         self._extra: dict[str, dict[str, bytes]] = {}
         self._extra_paths: dict[str, str] = {}  # group -> its entry file, read when publishing
+        self._extra_read: dict[str, tuple[int, int]] = {}  # entry file -> (size, mtime) read
         #: With precompile: the groups' precompiled functions, saved after forwards that traced.
         self.precompiled = PrecompileTracker(self.report, store)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from typing import Any
 
 from . import artifacts, capture, publisher
@@ -34,6 +35,7 @@ class PublishingSession:
     _known: dict[str, tuple[str, int, int, str]]
     _extra: dict[str, dict[str, bytes]]
     _extra_paths: dict[str, str]
+    _extra_read: dict[str, tuple[int, int]]
     precompiled: Any  # compile_cache.precompiled.PrecompileTracker
     _published_generation: int | None
     _pending_seconds: float
@@ -68,11 +70,20 @@ class PublishingSession:
 
     def _read_extra(self) -> None:
         """Reads the noted precompile entries (on the publisher's thread): a replaced entry keeps
-        its name, and its newest bytes win."""
+        its name, and its newest bytes win. An entry file unchanged since it was read (same
+        size and mtime) is not read again."""
         for group, path in dict(self._extra_paths).items():
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue  # gone (pruned): what was read before stays
+            stamp = (info.st_size, info.st_mtime_ns)
+            if self._extra_read.get(path) == stamp and group in self._extra:
+                continue
             members = artifacts.read_members([path])
             if members:
                 self._extra[group] = members
+                self._extra_read[path] = stamp
 
     def _publish_by_use(self) -> None:
         """Publishes, as one pack, every member the model's groups used that the store lacks,

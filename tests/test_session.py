@@ -234,3 +234,36 @@ def test_precompile_argument_then_variable_then_the_one_default(
         monkeypatch.setenv("COMPILE_CACHE_PRECOMPILE", text)
         assert session.precompile_requested(None) is want
         assert session.precompile_requested(not want) is (not want)
+
+
+def test_the_publisher_reads_a_precompile_entry_again_only_when_it_changed(tmp_path, monkeypatch):
+    """Every publish reads the noted precompile entries on the publisher thread; an entry file
+    that did not change since is not read again, a replaced one is, and its newest bytes win."""
+    from compile_cache import artifacts
+    from compile_cache.session_publish import PublishingSession
+
+    entry = tmp_path / "inductor" / "precompile" / "entry"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"first")
+    reads = []
+    real = artifacts.read_members
+
+    def counting(paths, dirs=None):
+        reads.append(list(paths))
+        return real(paths, {"inductor": tmp_path / "inductor"})
+
+    monkeypatch.setattr(artifacts, "read_members", counting)
+    publishing = PublishingSession.__new__(PublishingSession)
+    publishing._extra, publishing._extra_read = {}, {}
+    publishing._extra_paths = {"group": str(entry)}
+    publishing._read_extra()
+    publishing._read_extra()
+    assert len(reads) == 1 and publishing._extra["group"] == {"inductor/precompile/entry": b"first"}
+    replaced = entry.with_name("entry.tmp")
+    replaced.write_bytes(b"second, longer")
+    os.replace(replaced, entry)
+    publishing._read_extra()
+    assert len(reads) == 2 and publishing._extra["group"] == {"inductor/precompile/entry": b"second, longer"}
+    entry.unlink()  # pruned: what was read stays, and nothing fails
+    publishing._read_extra()
+    assert len(reads) == 2 and publishing._extra["group"]["inductor/precompile/entry"] == b"second, longer"

@@ -35,6 +35,7 @@ artifacts, so a later start skips tracing. compile_cache uses it per region grou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import logging
@@ -49,6 +50,7 @@ from typing import Any
 from ..errors import PrecompileDeclined
 from . import available, capability, mark_missing
 from .precompile_guards import GuardReport, make_guard_filter, unsupported_guard_types
+from .precompile_isolation import IsolatedCall, compile_group_isolated, compile_isolated
 from .precompile_names import ENTRY_FORMAT, entry_name, region_function
 from .precompile_names import advance_unique_ids as _advance_unique_ids
 from .precompile_pins import Pins, forward_count, next_forward, verify
@@ -125,52 +127,6 @@ def global_flag_on() -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Compiling with the process-wide flag off
-
-
-class IsolatedCall:
-    """Calls a compiled function with ``caching_precompile`` off while the process has it on:
-    Dynamo's forced drop of identity guards must not reach compile_cache's regions."""
-
-    __slots__ = ("compiled",)
-
-    def __init__(self, compiled: Callable[..., Any]) -> None:
-        self.compiled = compiled
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch._dynamo.config as dynamo_config
-
-        if not dynamo_config.caching_precompile:
-            return self.compiled(*args, **kwargs)
-        dynamo_config.caching_precompile = False
-        try:
-            return self.compiled(*args, **kwargs)
-        finally:
-            dynamo_config.caching_precompile = True
-
-
-def compile_isolated(fn: Callable[..., Any], **compile_kwargs: Any) -> Callable[..., Any]:
-    """``torch.compile(fn, ...)`` with ``caching_precompile`` off at compile and at every trace."""
-    import torch
-    import torch._dynamo.config as dynamo_config
-
-    with dynamo_config.patch(caching_precompile=False):
-        return IsolatedCall(torch.compile(fn, **compile_kwargs))
-
-
-def compile_group_isolated(fn: Callable[..., Any], key: Any,
-                           **compile_kwargs: Any) -> tuple[Any, int] | None:
-    """:func:`.dynamo.compile_group` with ``caching_precompile`` off at compile and at every call."""
-    import torch._dynamo.config as dynamo_config
-
-    from . import dynamo
-
-    with dynamo_config.patch(caching_precompile=False):
-        group = dynamo.compile_group(fn, key, **compile_kwargs)
-    return None if group is None else (IsolatedCall(group[0]), group[1])
-
-
-# --------------------------------------------------------------------------------------------
 # The compiled function
 
 
@@ -187,17 +143,20 @@ def _package_of(compiled: Any) -> Any:
     raise PrecompileDeclined("torch.compile's wrapper exposes no CompilePackage (torch moved it)")
 
 
+@functools.cache
+def _counters() -> Any:
+    from torch._dynamo.utils import counters  # imported once: read in every region call
+
+    return counters
+
+
 def _counter_frames() -> int:
     """Frames Dynamo has traced in this process (``counters["frames"]["ok"]``)."""
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["ok"]
+    return _counters()["frames"]["ok"]
 
 
 def _counter(name: str) -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["dynamo_cache"][name])
+    return int(_counters()["dynamo_cache"][name])
 
 
 class PrecompiledFunction:
