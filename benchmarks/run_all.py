@@ -91,7 +91,7 @@ BENCHMARKS: dict[str, dict] = {
         "file": "cli.json",
         "heading": "## Command line",
     },
-    "generate": {  # the size, 4 layers x 2048 (Llama-3.2-1B's width): ~15 min on 2 cores
+    "generate": {  # the size, 4 layers x 2048 (Llama-3.2-1B's width): ~25 min on 2 cores
         "script": "bench_generate.py",
         "args": ["--rounds", "3"],
         "smoke": ["--width", "64", "--new", "8", "--warm-runs", "1", "--variants",
@@ -589,8 +589,8 @@ def section_generate(data: dict) -> str:
 {cfg.get('layers', '?')} layers × {cfg.get('width', '?')}, {cfg.get('dtype', '?')}, greedy, prompt
 {cfg.get('prompt', '?')} tokens, {cfg.get('new', '?')} new tokens; every variant in its own process on a fresh
 node; cold figures from the compile call, warm figures the median of {cfg.get('warm_runs', '?')} more
-generates; medians of {cfg.get('rounds', '?')} round(s). The decode goal is taken from an A/B run: eager,
-full compile and ours in one more process, alternating generates, so each pair shares the
+generates; medians of {cfg.get('rounds', '?')} round(s). The decode goal is taken from an A/B run: full
+compile and ours in one more process, alternating generates, so each pair shares the
 machine's speed of that moment. In bf16 a compiled variant's token ids may differ
 from eager's (near-tied logits of random weights); the tests check equality in fp32.
 
