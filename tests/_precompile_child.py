@@ -268,6 +268,22 @@ def case_fnattr() -> None:
         _swapped(c, m.FnAttrBlock, m.act_a, m.act_b)
 
 
+def case_break_count() -> None:
+    """A decline found in the frame after a graph break: the call must not run again (the first
+    frame's in-place update would count twice)."""
+    with Case("break_count") as c:
+        model = seeded(lambda: m.Stack([m.BreakCountBlock() for _ in range(2)]))
+        ref = copy.deepcopy(model)
+        c.compile(model)
+        with torch.no_grad():
+            c.check("out", model(X), ref(X))
+            c.check("calls", torch.stack([b.calls for b in model.blocks]),
+                    torch.stack([b.calls for b in ref.blocks]))
+            c.check("out_again", model(X), ref(X))
+            c.check("calls_again", torch.stack([b.calls for b in model.blocks]),
+                    torch.stack([b.calls for b in ref.blocks]))
+
+
 def case_builtinattr() -> None:
     with Case("builtinattr") as c:
         _swapped(c, m.BuiltinAttrBlock, torch.tanh, torch.sigmoid)
@@ -368,6 +384,7 @@ def case_scope() -> None:
 
     with Case("scope") as c:
         c.rec["caching_precompile"] = bool(dynamo_config.caching_precompile)
+        c.rec["suppress_errors"] = bool(dynamo_config.suppress_errors)
         c.rec["force_non_lazy_backward_lowering"] = bool(
             functorch_config.force_non_lazy_backward_lowering)
         c.rec["environment_unchanged"] = environment_digest() == ENV_BEFORE
@@ -381,7 +398,7 @@ def case_scope() -> None:
 
 
 CASES = ["unique_ids_unfixed", "unique_ids", "plain", "late_restore", "values", "optional", "train_eval",
-         "requires_grad", "eps", "mutate", "fnattr", "builtinattr", "global_flag", "rebind",
+         "requires_grad", "eps", "mutate", "fnattr", "break_count", "builtinattr", "global_flag", "rebind",
          "bound_differently", "gpt2", "llama", "scope"]
 
 if __name__ == "__main__":

@@ -147,6 +147,24 @@ class FnAttrBlock(nn.Module):
         return self.act(self.lin(x))
 
 
+class BreakCountBlock(nn.Module):
+    """Counts its calls in a buffer, then breaks the graph; the part after the break reads a
+    function stored on the instance, so precompile declines in the second frame of a call,
+    after the first frame (and its in-place update) already ran."""
+
+    def __init__(self, act=act_a) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.act = act
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        y = self.lin(x)
+        torch._dynamo.graph_break()
+        return self.act(y)
+
+
 class BuiltinAttrBlock(FnAttrBlock):
     """A torch builtin stored on the instance (its own class: its own store key)."""
 

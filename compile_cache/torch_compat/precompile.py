@@ -150,9 +150,10 @@ def _counters() -> Any:
     return counters
 
 
-def _counter_frames() -> int:
-    """Frames Dynamo has traced in this process (``counters["frames"]["ok"]``)."""
-    return _counters()["frames"]["ok"]
+def _counter_frames(which: str = "ok") -> int:
+    """Frames Dynamo has traced in this process (``counters["frames"]``: ``ok``, or ``total``
+    with those whose compile failed)."""
+    return _counters()["frames"][which]
 
 
 def _counter(name: str) -> int:
@@ -307,32 +308,45 @@ class PrecompiledFunction:
         # thread): Dynamo records the package and AOTAutograd bundles its entry as the
         # package's backend, while the FX graph cache stays in use; the backward of a training
         # graph compiles now, inside the call, not lazily at .backward() with the flag off.
+        # A frame whose guards cannot be saved makes the guard filter raise. With errors
+        # suppressed (for this thread, this call) that frame runs eagerly and the call finishes
+        # once: running the whole call again would repeat what the frames before it already did
+        # (a buffer updated in place, random numbers drawn, a KV cache appended to).
         dynamo_config, functorch_config = self._configs
-        old = dynamo_config.caching_precompile, functorch_config.force_non_lazy_backward_lowering
-        dynamo_config.caching_precompile = True
+        old = (dynamo_config.caching_precompile, dynamo_config.suppress_errors,
+               functorch_config.force_non_lazy_backward_lowering)
+        _quiet_declines()
+        dynamo_config.caching_precompile = dynamo_config.suppress_errors = True
         functorch_config.force_non_lazy_backward_lowering = True
-        traced = _counter_frames()
+        traced, tried = _counter_frames(), _counter_frames("total")
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as exc:
             # Dynamo re-raises the filter's PrecompileDeclined wrapped (InternalTorchDynamoError)
             if not (_caused_by(exc, PrecompileDeclined) or not self.report.safe):
                 raise
+            if _counter_frames() != traced:  # a frame of this call ran: never run it twice
+                self._decline_during_call()
+                raise
         else:
-            if self.report.safe:
+            failed = (_counter_frames("total") - tried) - (_counter_frames() - traced)
+            if self.report.safe and not failed:
                 if len(self.report.pins) != self._pins_seen:  # new frames traced
                     self._pins_seen = len(self.report.pins)
                     self.pins.add(self.report.pins)
                 if _counter_frames() != traced:  # this call compiled: its entry is saved now,
                     self._save_after_compile()  # as part of the compile, not in a step's hook
                 return out
-            # suppress_errors=True swallowed the decline and ran the frame eagerly: the output
-            # is right; compile without precompile from now on.
-            self._decline_during_call()
+            # A frame ran eagerly (its guards could not be saved, or its compile failed: torch
+            # logged why): the output is right; compile without precompile from now on.
+            self._decline_during_call(None if not self.report.safe else
+                                      f"{failed} frame(s) failed to compile and ran eagerly "
+                                      "(torch._dynamo logged why)")
             return out
         finally:
-            dynamo_config.caching_precompile, functorch_config.force_non_lazy_backward_lowering = old
-        self._decline_during_call()
+            (dynamo_config.caching_precompile, dynamo_config.suppress_errors,
+             functorch_config.force_non_lazy_backward_lowering) = old
+        self._decline_during_call()  # declined before any frame of this call ran: run it plain
         return self.compiled(*args, **kwargs)
 
     def _decline_during_call(self, reason: str | None = None) -> None:
@@ -447,6 +461,24 @@ def _reset_precompile_entries(code: types.CodeType) -> None:
         reset(code)
     except Exception:  # noqa: BLE001 - the declined copy has its own code object anyway
         logger.debug("compile_cache: could not reset precompile entries", exc_info=True)
+
+
+class _DropDeclines(logging.Filter):
+    """Drops torch's log of a suppressed compile error that is our guard filter's decline: the
+    RegionPrecompileWarning says it once (torch would log it with a traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not _caused_by(exc, PrecompileDeclined)
+
+
+_DROP_DECLINES = _DropDeclines()
+
+
+def _quiet_declines() -> None:
+    logger_ = logging.getLogger("torch._dynamo.convert_frame")
+    if _DROP_DECLINES not in logger_.filters:
+        logger_.addFilter(_DROP_DECLINES)
 
 
 def _caused_by(exc: BaseException | None, kind: type) -> bool:
