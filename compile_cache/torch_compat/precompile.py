@@ -217,6 +217,7 @@ class PrecompiledFunction:
         if declined is not None:
             self._decline(declined)
             return
+        _quiet_declines()  # once per function, not in every call of the forward path
         fn = self.fn
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
@@ -315,7 +316,6 @@ class PrecompiledFunction:
         dynamo_config, functorch_config = self._configs
         old = (dynamo_config.caching_precompile, dynamo_config.suppress_errors,
                functorch_config.force_non_lazy_backward_lowering)
-        _quiet_declines()
         dynamo_config.caching_precompile = dynamo_config.suppress_errors = True
         functorch_config.force_non_lazy_backward_lowering = True
         traced, tried = _counter_frames(), _counter_frames("total")
