@@ -108,6 +108,19 @@ def _known_digest(member: str, path: str, known: Known) -> str | None:
     return entry[3] if (st.st_size, st.st_mtime_ns) == (entry[1], entry[2]) else None
 
 
+#: A group's second precompile entry, its decode steps through the layer view, is published
+#: under the group's code name with this suffix; its unit keeps the group's scope, so a restore
+#: of the group's units brings it.
+VIEWS_SUFFIX = "__views"
+
+
+def precompile_unit(group: str) -> tuple[str, str]:
+    """(scope, slot) of the unit that holds ``group``'s saved Dynamo precompile entry."""
+    if group.endswith(VIEWS_SUFFIX):
+        return group[: -len(VIEWS_SUFFIX)], "dynamo-precompile-views#0"
+    return group, "dynamo-precompile#0"
+
+
 def usage(owners: Sequence[str], known: Known | None = None,
           extra: Mapping[str, Mapping[str, bytes]] | None = None) -> Usage:
     """The candidate members of the region groups ``owners`` (code names), plus the ISA probe's
@@ -147,7 +160,8 @@ def usage(owners: Sequence[str], known: Known | None = None,
             digest = _sha256(data)
             candidates[member] = Candidate(member, digest, lambda data=data: data)
             extra_digests.append(digest)
-        units.append({"scope": group, "slot": "dynamo-precompile#0", "members": sorted(entry)})
+        scope, slot = precompile_unit(group)
+        units.append({"scope": scope, "slot": slot, "members": sorted(entry)})
     # Changes whenever anything to publish does (a replaced entry keeps its name, not its bytes).
     marker = hash((generation, len(always), tuple(extra_digests)))
     return Usage(candidates, units, always, marker)

@@ -10,9 +10,11 @@ keywords, environment), the group and its keywords: no two models or groups shar
 A group that cannot use precompile compiles normally, with every default guard, and says why:
 another backend than Inductor (the others save no compiled code), the user's own
 ``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, blocks that take a KV
-cache, for the calls that pass one (:data:`KV_CACHE_DECLINE`: :class:`CacheRoutedCall` sends
-those to :func:`compile_plain`; the group's calls without a cache precompile), a guard that
-cannot be saved faithfully (seen while tracing), an entry that does not load. Each
+cache, for the calls that update it eagerly between two graphs (prefill;
+:data:`KV_CACHE_DECLINE`: :class:`CacheRoutedCall` sends those to :func:`compile_plain`), a
+guard that cannot be saved faithfully (seen while tracing), an entry that does not load. Such a
+group's decode steps through the layer view (one graph, no break) precompile as a second
+function (entry ``<code name>__views``), and its calls without a cache as the first. Each
 such group is warned about (:class:`RegionPrecompileWarning`) and reported to the session, which
 counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
 """
@@ -29,14 +31,17 @@ from typing import Any
 from torch import nn
 
 from . import _warnings
+from .capture import VIEWS_SUFFIX
 from .keys import canonical_compile_kwargs
 from .store.stats import record_precompile
 from .torch_compat import precompile as pc
+from .torch_compat.kv_calls import is_view
 
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
     "KV_CACHE_DECLINE",
+    "VIEWS_SUFFIX",
     "BoundCall",
     "CacheRoutedCall",
     "GroupPrecompiler",
@@ -53,15 +58,15 @@ class RegionPrecompileWarning(RuntimeWarning):
     """A region does not use precompile (it compiles normally, so Dynamo traces it at each start)."""
 
 
-#: Why the calls that pass a KV cache to a group's blocks compile without precompile.
+#: Why the calls that pass a KV cache to a group's blocks, other than decode steps through the
+#: layer view, compile without precompile.
 KV_CACHE_DECLINE = (
-    "its blocks take a KV cache, whose update runs eagerly between two graphs "
-    "(compile_cache.torch_compat.kv_cache), and precompiled code with that graph break is not "
-    "proven yet: calls that pass a cache (generation) compile without precompile, calls "
-    "without one (training, scoring, use_cache=False) precompile"
+    "its blocks take a KV cache: calls that update it eagerly between two graphs (prefill, and "
+    "every call the layer view does not serve; compile_cache.torch_compat.kv_cache) compile "
+    "without precompile, since precompiled code with that graph break is not proven yet; decode "
+    "steps through the layer view and calls without a cache (training, scoring, "
+    "use_cache=False) precompile"
 )
-
-
 @dataclasses.dataclass(frozen=True)
 class PrecompileEvent:
     """One group's precompile outcome.
@@ -110,18 +115,21 @@ class BoundCall:
 
 
 class CacheRoutedCall:
-    """A member of a group whose blocks take a KV cache: a call that passes a cache runs the
-    group's plain compile (every default guard, the cache paths of
-    :mod:`compile_cache.torch_compat.kv_calls`), a call without one the precompiled function.
-    The two never share compiled code, so a cache call can never pick a graph traced without
-    one, nor the reverse."""
+    """A member of a group whose blocks take a KV cache. A decode step through the layer view
+    (:func:`compile_cache.torch_compat.kv_calls.is_view`) runs the group's precompiled decode
+    function (``views``), another call that passes a cache the group's plain compile (every
+    default guard; the eager cache update between two graphs), a call without one the group's
+    precompiled function. The three never share compiled code, so a call can never pick a graph
+    traced for another kind of call."""
 
-    __slots__ = ("precompiled", "plain", "probe")
+    __slots__ = ("precompiled", "plain", "probe", "views")
 
-    def __init__(self, precompiled: BoundCall, plain: Any, probe: Any) -> None:
+    def __init__(self, precompiled: BoundCall, plain: Any, probe: Any,
+                 views: BoundCall | None = None) -> None:
         self.precompiled = precompiled
         self.plain = plain
         self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
+        self.views = views
 
     @property
     def pf(self) -> pc.PrecompiledFunction:
@@ -132,6 +140,9 @@ class CacheRoutedCall:
         return self.precompiled.module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cache = self.probe._cache_of(args, kwargs)
+        if self.views is not None and is_view(cache):
+            return self.views(*args, **kwargs)
         if self.probe.passes_cache(args, kwargs):
             return self.plain(*args, **kwargs)
         return self.precompiled(*args, **kwargs)
@@ -207,7 +218,7 @@ class GroupPrecompiler:
         """One warning per reason for the groups that declined while compiling."""
         for reason, labels in self._declines.items():
             if reason == KV_CACHE_DECLINE:
-                _warnings.warn(f"compile_cache: precompile is off for the KV-cache calls of "
+                _warnings.warn(f"compile_cache: precompile is off for some KV-cache calls of "
                                f"{', '.join(labels)}: {reason}.", RegionPrecompileWarning)
                 continue
             _warnings.warn(
@@ -227,13 +238,15 @@ class GroupPrecompiler:
                                     pf.declined or "", persist=pf.decline_persists))
 
     def call_path(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
-                  module: nn.Module, probe: Any, plain: Callable[[], tuple[Any, int]]
-                  ) -> tuple[Any, int | None]:
+                  module: nn.Module, probe: Any, plain: Callable[[], tuple[Any, int]],
+                  views: bool = False) -> tuple[Any, int | None]:
         """``(module's compiled call path, the recompile bucket of its plain compile or None)``:
         the group's precompiled function (a :class:`BoundCall`); for blocks that take a KV
         cache (``probe``: their kv_calls.CacheCalls) a :class:`CacheRoutedCall` that sends the
-        calls that pass one to ``plain()`` (:func:`compile_plain`), or ``plain()`` alone when
-        the group declined precompile up front (as blocks with a cache compiled before)."""
+        calls that pass one to ``plain()`` (:func:`compile_plain`) and, with ``views`` (the
+        group's decode steps go through the layer view), those steps to the group's precompiled
+        decode function; or ``plain()`` alone when the group declined precompile up front (as
+        blocks with a cache compiled before)."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs), module)
         if probe is None:
             return bound, None
@@ -243,7 +256,11 @@ class GroupPrecompiler:
         compiled, region = plain()
         if bound.pf.declined:
             return compiled, region
-        return CacheRoutedCall(bound, compiled, probe), region
+        decode = None
+        if views:
+            decode = BoundCall(self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)",
+                                             compile_kwargs), module)
+        return CacheRoutedCall(bound, compiled, probe, decode), region
 
     def _event(self, event: PrecompileEvent) -> None:
         if self.setup.on_event is not None:

@@ -23,8 +23,9 @@
   its entries. Blocks that take a transformers KV cache are called through
   :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases. With
-  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`);
-  calls that pass a KV cache compile without it (warned and counted).
+  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`),
+  and its decode steps through the layer view a second one; the calls that update a KV cache
+  eagerly between two graphs (prefill) compile without it (warned and counted).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch import nn
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
+    VIEWS_SUFFIX,
     BoundCall,
     CacheRoutedCall,
     GroupPrecompiler,
@@ -113,6 +115,7 @@ class _GroupState:
         self.varying = varying
         self._code = code
         self.pf: pc.PrecompiledFunction | None = None  # the group's, with precompile
+        self.decode_pf: pc.PrecompiledFunction | None = None  # its decode steps' (layer view)
         self.size = size
         self.eager_calls = 0
         self.block_recompiles = 0
@@ -142,6 +145,8 @@ class _GroupState:
         counts = [dynamo.cache_entries(self.code, self.region)]
         if self.plain_region is not None:  # precompiled, and its KV-cache calls compiled plain
             counts.append(dynamo.cache_entries(self._code, self.plain_region))
+        if self.decode_pf is not None:  # and its decode steps precompiled apart
+            counts.append(dynamo.cache_entries(self.decode_pf.code))
         return -1 if min(counts) < 0 else sum(counts)
 
     def check_resumes(self) -> None:
@@ -352,7 +357,8 @@ def install(
     keywords keep their compiled code, and earlier installs the plan no longer wants are undone.
     With ``precompile``, each group compiles through one precompiled function
     (:mod:`compile_cache.precompiled`); they are returned by code name, for the session to save.
-    A group whose blocks take a KV cache declines precompile (reported to ``precompile.on_event``).
+    A group whose blocks take a KV cache declines precompile for its calls that update the cache
+    eagerly (reported to ``precompile.on_event``); its decode steps precompile on their own.
     """
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
@@ -398,7 +404,8 @@ def install(
             if groups is not None:  # one precompiled function per group, called with the member
                 probe = kv_calls.CacheCalls.for_block(mod.forward) if state.takes_cache else None
                 compiled, region = groups.call_path(code_name, label, call_kwargs, mod, probe, lambda: (
-                    compile_plain(fn, mod, key, call_kwargs)))  # noqa: B023 - called at once
+                    compile_plain(fn, mod, key, call_kwargs)),  # noqa: B023 - called at once
+                    views=state.cache_calls is not None and state.cache_calls.use_views)
                 if region is not None:
                     setattr(state, "plain_region" if isinstance(compiled, CacheRoutedCall) else "region",
                             region)
@@ -407,6 +414,9 @@ def install(
         if isinstance(compiled, (BoundCall, CacheRoutedCall)):
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
+        if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
+            decode = state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
+            state.cache_calls.decode_entry_loaded = lambda decode=decode: decode.status == "loaded"
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
     if groups is not None:
         groups.finish()

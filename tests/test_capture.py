@@ -236,3 +236,18 @@ def test_a_missing_hook_falls_back_to_the_directory_diff_loudly(
     stats = Store(tmp_path / "store").stats()
     assert stats["capture_fallbacks"] == 1
     assert stats["packs"] == 1 and report.published_packs == 1  # the diff still publishes
+
+
+def test_a_groups_decode_entry_is_its_own_unit_that_a_restore_of_the_group_brings() -> None:
+    """A group's precompiled decode steps (``<group>__views``) publish as a second unit of the
+    group's own scope, in a slot of their own: a restore limited to the model's groups (their
+    scopes) selects both entries, and neither replaces the other (the fresh-node test in
+    test_generate.py loads both)."""
+    from compile_cache import capture
+
+    found = capture.usage([], extra={"region_A": {"dynamo/a/entry": b"main"},
+                                     "region_A__views": {"dynamo/v/entry": b"decode"}})
+    units = {(u["scope"], u["slot"]): u["members"] for u in found.units}
+    assert units == {("region_A", "dynamo-precompile#0"): ["dynamo/a/entry"],
+                     ("region_A", "dynamo-precompile-views#0"): ["dynamo/v/entry"]}
+    assert capture.precompile_unit("region_A") == ("region_A", "dynamo-precompile#0")

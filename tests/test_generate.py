@@ -351,6 +351,27 @@ def test_a_view_returned_by_a_block_acts_as_the_cache():
     assert cache.custom == 1
 
 
+def test_a_view_class_pickles_by_reference_in_a_fresh_process():
+    """A precompiled decode entry guards on the view's class, which pickle saves by name: a
+    fresh process that has made no view yet finds the same class under that name."""
+    import pickle
+
+    from transformers.cache_utils import DynamicCache, StaticCache
+
+    for cls in (DynamicCache, StaticCache):
+        view_cls = type(kv_calls._make_view(object.__new__(cls), None))
+        assert pickle.loads(pickle.dumps(view_cls)) is view_cls
+        code = ("import pickle, sys, transformers.cache_utils as cu; "
+                "from compile_cache.torch_compat import kv_calls; "
+                "c = pickle.loads(sys.stdin.buffer.read()); "
+                f"assert c.__mro__[2] is cu.{cls.__name__} and kv_calls.is_view(object.__new__(c))")
+        done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(view_cls),
+                              capture_output=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    with pytest.raises(AttributeError, match="LayerView_NoSuchCache"):
+        kv_calls.LayerView_NoSuchCache  # noqa: B018 - only the cache classes a view serves
+
+
 def test_cache_guard_finds_per_layer_cache_guards_only():
     reasons = (
         "0/0: tensor 'args[0]' size mismatch at index 1. expected 12, actual 1\n"
@@ -420,13 +441,19 @@ def test_fresh_node_restores_every_generate_graph(tmp_path):
         assert first["fx_misses"] > 0 and first["published_packs"] > 0 and not first["errors"]
         assert second["restored_packs"] == first["published_packs"], (arch, second)
         assert second["fx_misses"] == 0 and second["fx_hits"] >= 1, (arch, second)
-        # Every group's code came from the store: the blocks' KV-cache calls as FX graphs (they
-        # compile without precompile), the other groups (norm, rotary) as precompiled entries.
+        # Every group's code came from the store: the blocks' prefill calls (the eager cache
+        # update between two graphs) as FX graphs, since they compile without precompile; their
+        # decode steps (the layer view) and the other groups (norm) as precompiled entries.
         groups = second["precompile_groups"]
         assert all(g["status"] == "loaded" or "cache_calls" in g for g in groups.values()), groups
+        decode = [g for name, g in groups.items() if name.endswith("__views")]
+        assert [g["status"] for g in decode] == ["loaded"], (arch, groups)
         assert second["precompile_hits"] == sum(g["status"] == "loaded" for g in groups.values())
         if not second["precompile_hits"]:  # every graph an FX-graph hit
             assert second["fx_hits"] == first["fx_misses"], (arch, second)
         assert second["published_packs"] == 0 and not second["errors"]
         for stats in (first["stats"], second["stats"]):
             assert all(s["eager_calls"] == 0 for s in stats.values()), stats
+    # Llama runs first in its process: on the fresh node Dynamo traced only the prefill's two
+    # frames (before and after the eager update), no decode step.
+    assert warm["llama"]["frames_traced"] == 2 < cold["llama"]["frames_traced"], warm["llama"]

@@ -95,9 +95,10 @@ def test_kv_cache_calls_compile_plain_and_the_other_calls_precompile(
     nodes: dict[str, Any], name: str, phase: str
 ) -> None:
     """GPT-2 is called without a cache (use_cache=False), Llama with one (prefill, two decode
-    steps) and then without: every output matches eager; the calls with a cache compile
-    without precompile (warned once, in the report), the others precompile (loaded on the
-    fresh node)."""
+    steps) and then without: every output matches eager; the calls that update the cache
+    eagerly (prefill) compile without precompile (warned once, in the report), the decode steps
+    through the layer view and the calls without a cache precompile (loaded on the fresh
+    node)."""
     case = nodes[phase][name]
     assert "error" not in case, case.get("traceback")
     assert case["diffs"] and all(d < 1e-5 for d in case["diffs"].values()), case["diffs"]
@@ -105,7 +106,12 @@ def test_kv_cache_calls_compile_plain_and_the_other_calls_precompile(
     groups = _groups(case)
     blocks = [g for g in groups if "take a KV cache" in g.get("cache_calls", "")]
     assert len(blocks) == 1, groups
-    assert {g["status"] for g in groups} == ({"new"} if phase == "publish" else {"loaded"}), groups
+    # The blocks' decode steps (through the layer view) precompile as a second entry: Llama's
+    # decode steps load it on the fresh node; GPT-2 never decodes, so it has nothing to load.
+    (decode,) = [g for g in groups if g["label"].endswith("(decode steps)")]
+    assert decode["status"] == ("loaded" if phase == "load" and name == "llama" else "new"), decode
+    others = [g for g in groups if g is not decode]
+    assert {g["status"] for g in others} == ({"new"} if phase == "publish" else {"loaded"}), groups
 
 
 @pytest.mark.parametrize("phase", ["publish", "load"])
@@ -475,11 +481,13 @@ def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> Non
 
 def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:
     """A block that takes a KV cache: calls that pass one (generation, positional or keyword)
-    go to the plain compile, calls with None or without the argument to the precompiled
-    function, so neither can run a graph traced for the other."""
-    from transformers.cache_utils import DynamicCache
+    go to the plain compile, a decode step through the layer view to the group's precompiled
+    decode function, calls with None or without the argument to the precompiled function, so
+    none of them can run a graph traced for another kind of call."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 
     from compile_cache.precompiled import CacheRoutedCall
+    from compile_cache.torch_compat import kv_calls
     from compile_cache.torch_compat.kv_calls import CacheCalls
 
     class Block(nn.Module):
@@ -492,11 +500,21 @@ def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:
         seen.append("precompiled")
         return "p"
 
+    def views(*args: Any, **kwargs: Any) -> str:
+        seen.append("views")
+        return "v"
+
     precompiled.module = block  # as a BoundCall has it: kv_calls reads the block from __self__
     route = CacheRoutedCall(precompiled, lambda *a, **k: seen.append("plain") or "q",
-                            CacheCalls.for_block(block.forward))
+                            CacheCalls.for_block(block.forward), views)
     x, cache = torch.ones(1), DynamicCache()
+    view = kv_calls._make_view(cache, DynamicLayer())
     assert [route(x), route(x, None), route(x, past_key_values=None),
-            route(x, cache), route(x, past_key_values=cache)] == ["p", "p", "p", "q", "q"]
-    assert seen == ["precompiled"] * 3 + ["plain"] * 2
+            route(x, cache), route(x, past_key_values=cache),
+            route(x, view), route(x, past_key_values=view)] == ["p", "p", "p", "q", "q", "v", "v"]
+    assert seen == ["precompiled"] * 3 + ["plain"] * 2 + ["views"] * 2
+    # Without a decode function (views off), a view is a cache like any other: the plain compile.
+    seen.clear()
+    route.views = None
+    assert route(x, view) == "q" and seen == ["plain"]
     assert route.__self__ is block

@@ -16,7 +16,7 @@ from .kv_cache import _NESTED, _TLS, CACHE_ARGUMENTS, SCOPE, install, is_cache
 
 log = logging.getLogger("compile_cache")
 
-__all__ = ["CacheCalls"]
+__all__ = ["CacheCalls", "is_view"]
 
 
 # -- the layer view ----------------------------------------------------------------------------
@@ -43,6 +43,7 @@ class _LayerView:
 
 _VIEW_CLASSES: dict[type, type] = {}
 _VIEWABLE: list[tuple[frozenset[type], frozenset[type], type | None]] = []
+_VIEW_PREFIX = "LayerView_"
 
 
 def _viewable_types() -> tuple[frozenset[type], frozenset[type], type | None]:
@@ -59,14 +60,39 @@ def _viewable_types() -> tuple[frozenset[type], frozenset[type], type | None]:
     return _VIEWABLE[0]
 
 
-def _make_view(cache: Any, layer: Any) -> Any:
-    cls = type(cache)
+def _view_class(cls: type) -> type:
+    """The view class of cache class ``cls``: a module-level name (``LayerView_DynamicCache``),
+    so that a precompiled entry's type guard on it pickles by reference and finds it again in a
+    fresh process (:func:`__getattr__`)."""
     view_cls = _VIEW_CLASSES.get(cls)
     if view_cls is None:
-        view_cls = _VIEW_CLASSES[cls] = type(f"LayerView[{cls.__name__}]", (_LayerView, cls), {})
-    view = object.__new__(view_cls)
+        name = f"{_VIEW_PREFIX}{cls.__name__}"
+        view_cls = type(name, (_LayerView, cls), {"__module__": __name__, "__qualname__": name})
+        _VIEW_CLASSES[cls] = view_cls
+        globals()[name] = view_cls
+    return view_cls
+
+
+def __getattr__(name: str) -> type:
+    """``LayerView_<Cache>`` for the cache classes a view serves (what unpickling a precompiled
+    entry asks for before any view was made in this process)."""
+    if name.startswith(_VIEW_PREFIX) and "transformers.cache_utils" in sys.modules:
+        caches, _, _ = _viewable_types()
+        for cls in caches:
+            if cls.__name__ == name[len(_VIEW_PREFIX):]:
+                return _view_class(cls)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _make_view(cache: Any, layer: Any) -> Any:
+    view = object.__new__(_view_class(type(cache)))
     view.__dict__.update(_cc_cache=cache, _cc_layer=layer)
     return view
+
+
+def is_view(value: Any) -> bool:
+    """Whether ``value`` is a layer view (the decode path of :meth:`CacheCalls.call`)."""
+    return isinstance(value, _LayerView)
 
 
 # -- how one group's blocks are called with a cache -----------------------------------------------
@@ -97,6 +123,10 @@ class CacheCalls:
         )
         self.attributes: tuple[str, ...] = ()  # dotted names, relative to the block
         self.mark_dynamic = available("dynamo.maybe_mark_dynamic")
+        #: True once the group's decode steps run a precompiled entry loaded from disk: it holds
+        #: the dynamic KV length already, and its saved guards expect unmarked tensors (torch
+        #: rebuilds the marking guards without the marks), so marking would miss it.
+        self.decode_entry_loaded: Callable[[], bool] = _never
         self.view_calls = 0
         self.eager_update_calls = 0
 
@@ -228,12 +258,18 @@ class CacheCalls:
         _, viewable, dynamic_layer = _viewable_types()
         if not layer.is_initialized or type(layer) not in viewable:
             return None
-        if self.mark_dynamic and type(layer) is dynamic_layer:
+        if self.mark_dynamic and type(layer) is dynamic_layer and not self.decode_entry_loaded():
             _mark_kv_length(layer, first.shape[1], args, kwargs)
         return _make_view(cache, layer)
 
 
 _MISSING = object()
+
+
+def _never() -> bool:
+    return False
+
+
 _SIGNATURE_TYPES = (int, bool, str, type(None))
 
 
