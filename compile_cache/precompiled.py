@@ -239,14 +239,15 @@ class GroupPrecompiler:
 
     def call_path(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
                   module: nn.Module, probe: Any, plain: Callable[[], tuple[Any, int]],
-                  views: bool = False) -> tuple[Any, int | None]:
+                  cache_calls: Any = None) -> tuple[Any, int | None]:
         """``(module's compiled call path, the recompile bucket of its plain compile or None)``:
         the group's precompiled function (a :class:`BoundCall`); for blocks that take a KV
         cache (``probe``: their kv_calls.CacheCalls) a :class:`CacheRoutedCall` that sends the
-        calls that pass one to ``plain()`` (:func:`compile_plain`) and, with ``views`` (the
-        group's decode steps go through the layer view), those steps to the group's precompiled
-        decode function; or ``plain()`` alone when the group declined precompile up front (as
-        blocks with a cache compiled before)."""
+        calls that pass one to ``plain()`` (:func:`compile_plain`) and, when the group's decode
+        steps go through the layer view (``cache_calls``: the group's kv_calls.CacheCalls, with
+        ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
+        alone when the group declined precompile up front (as blocks with a cache compiled
+        before). The calls that update the cache eagerly decline precompile (reported)."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs), module)
         if probe is None:
             return bound, None
@@ -257,9 +258,10 @@ class GroupPrecompiler:
         if bound.pf.declined:
             return compiled, region
         decode = None
-        if views:
-            decode = BoundCall(self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)",
-                                             compile_kwargs), module)
+        if cache_calls is not None and cache_calls.use_views:
+            pf = self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)", compile_kwargs)
+            decode = BoundCall(pf, module)
+            cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
         return CacheRoutedCall(bound, compiled, probe, decode), region
 
     def _event(self, event: PrecompileEvent) -> None:

@@ -23,9 +23,8 @@
   its entries. Blocks that take a transformers KV cache are called through
   :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases. With
-  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`),
-  and its decode steps through the layer view a second one; the calls that update a KV cache
-  eagerly between two graphs (prefill) compile without it (warned and counted).
+  precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`;
+  its decode steps a second one, its calls that update a KV cache eagerly none: warned).
 """
 
 from __future__ import annotations
@@ -108,9 +107,8 @@ def _region_function(code_name: str) -> types.FunctionType:
 class _GroupState:
     """Runtime bookkeeping of one group or compiled part: eager runs and per-block recompiles."""
 
-    def __init__(
-        self, label: str, code: types.CodeType, size: int, varying: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, label: str, code: types.CodeType, size: int,
+                 varying: tuple[str, ...] = ()) -> None:
         self.label = label
         self.varying = varying
         self._code = code
@@ -340,11 +338,7 @@ def validate_kwargs(kwargs: dict[str, Any]) -> None:
             f"compile_regions() got unknown torch.compile keyword argument(s) {unknown}; "
             f"torch.compile accepts {sorted(_COMPILE_KWARGS)}"
         )
-    if (
-        "options" in kwargs
-        and kwargs["options"] is not None
-        and not isinstance(kwargs["options"], dict)
-    ):
+    if kwargs.get("options") is not None and not isinstance(kwargs["options"], dict):
         raise TypeError(f"options must be a dict or None, got {kwargs['options']!r}")
 
 
@@ -357,8 +351,7 @@ def install(
     keywords keep their compiled code, and earlier installs the plan no longer wants are undone.
     With ``precompile``, each group compiles through one precompiled function
     (:mod:`compile_cache.precompiled`); they are returned by code name, for the session to save.
-    A group whose blocks take a KV cache declines precompile for its calls that update the cache
-    eagerly (reported to ``precompile.on_event``); its decode steps precompile on their own.
+    Blocks that take a KV cache: see :meth:`GroupPrecompiler.call_path`.
     """
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
@@ -404,8 +397,7 @@ def install(
             if groups is not None:  # one precompiled function per group, called with the member
                 probe = kv_calls.CacheCalls.for_block(mod.forward) if state.takes_cache else None
                 compiled, region = groups.call_path(code_name, label, call_kwargs, mod, probe, lambda: (
-                    compile_plain(fn, mod, key, call_kwargs)),  # noqa: B023 - called at once
-                    views=state.cache_calls is not None and state.cache_calls.use_views)
+                    compile_plain(fn, mod, key, call_kwargs)), state.cache_calls)  # noqa: B023
                 if region is not None:
                     setattr(state, "plain_region" if isinstance(compiled, CacheRoutedCall) else "region",
                             region)
@@ -415,8 +407,7 @@ def install(
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
-            decode = state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-            state.cache_calls.decode_entry_loaded = lambda decode=decode: decode.status == "loaded"
+            state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
         mod._compiled_call_impl = _RegionRunner(compiled, state, key)
     if groups is not None:
         groups.finish()
