@@ -35,6 +35,7 @@ from .capture import VIEWS_SUFFIX
 from .keys import canonical_compile_kwargs
 from .store.stats import record_precompile
 from .torch_compat import precompile as pc
+from .torch_compat.kv_cache import is_cache
 from .torch_compat.kv_calls import is_view
 
 logger = logging.getLogger("compile_cache")
@@ -67,6 +68,8 @@ KV_CACHE_DECLINE = (
     "steps through the layer view and calls without a cache (training, scoring, "
     "use_cache=False) precompile"
 )
+
+
 @dataclasses.dataclass(frozen=True)
 class PrecompileEvent:
     """One group's precompile outcome.
@@ -140,10 +143,10 @@ class CacheRoutedCall:
         return self.precompiled.module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cache = self.probe._cache_of(args, kwargs)
+        cache = self.probe.cache_of(args, kwargs)
         if self.views is not None and is_view(cache):
             return self.views(*args, **kwargs)
-        if self.probe.passes_cache(args, kwargs):
+        if is_cache(cache):
             return self.plain(*args, **kwargs)
         return self.precompiled(*args, **kwargs)
 

@@ -159,19 +159,16 @@ class CacheCalls:
         calls.mark_dynamic &= compile_kwargs.get("dynamic") is not False  # dynamic=False: as asked
         return True, calls
 
-    def passes_cache(self, args: tuple, kwargs: dict) -> bool:
-        """Whether this call hands the block a KV cache (generation), not None (training,
-        scoring, ``use_cache=False``)."""
-        return is_cache(self._cache_of(args, kwargs))
-
-    def _cache_of(self, args: tuple, kwargs: dict) -> Any:
+    def cache_of(self, args: tuple, kwargs: dict) -> Any:
+        """The call's cache argument: a KV cache (generation), a layer view (a decode step this
+        class routes), or None (training, scoring, ``use_cache=False``)."""
         if self.position is not None and len(args) > self.position:
             return args[self.position]
         return kwargs.get(self.name)
 
     def call(self, runner: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``fn(*args, **kwargs)`` for ``runner``'s block, through the view or the eager update."""
-        cache = self._cache_of(args, kwargs)
+        cache = self.cache_of(args, kwargs)
         if not is_cache(cache):  # training or scoring (use_cache=False): nothing to do
             return fn(*args, **kwargs)
         signature = self._signature(getattr(fn, "__self__", None), args, kwargs)
@@ -264,13 +261,11 @@ class CacheCalls:
 
 
 _MISSING = object()
+_SIGNATURE_TYPES = (int, bool, str, type(None))
 
 
 def _never() -> bool:
     return False
-
-
-_SIGNATURE_TYPES = (int, bool, str, type(None))
 
 
 def _mark_kv_length(layer: Any, new_tokens: int, args: tuple, kwargs: dict) -> None:
