@@ -104,6 +104,40 @@ def test_a_waiter_outwaits_its_timeout_while_the_holder_is_alive_then_takes_the_
         proc.wait(timeout=WAIT)
 
 
+@pytest.mark.parametrize("mode", ["mkdir", "fcntl"])
+def test_a_waiter_takes_a_lock_released_between_its_try_and_its_look_at_the_holder(
+    tmp_path: Path, mode: str
+) -> None:
+    """The release race: the waiter's try fails, then the holder releases (its record goes
+    first: the lock directory is renamed aside, the lock file emptied before it is unlocked),
+    then the waiter looks at the holder and finds no record. That is a lock changing hands, not
+    a dead holder: the waiter takes it instead of giving up with "held by an unknown process"."""
+    base, marker = tmp_path / "key", tmp_path / "m"
+    proc = _spawn_holder(base, mode, 600, marker)
+    waiter = FileLock(base, mode=mode, timeout=0.3, stale_after=STALE, wait_alive=WAIT)
+    try_on_disk, released = waiter._try_once, []
+
+    def release_just_after_a_failed_try() -> bool:
+        took = try_on_disk()
+        if not took and not released and waiter.waited_past_timeout:
+            if mode == "mkdir":  # the holder's release: rename aside (then it would rmtree it)
+                os.rename(waiter.path, tmp_path / "aside")
+            else:  # the holder's release: empty the record; the unlock follows an instant later
+                os.truncate(waiter.path, 0)
+            proc.kill()  # the holder gone, its lock free: nothing but the record told the waiter
+            proc.wait(timeout=WAIT)
+            released.append(True)
+        return took
+
+    waiter._try_once = release_just_after_a_failed_try  # type: ignore[method-assign]
+    try:
+        with waiter:
+            assert released and read_holder(waiter.path).pid == os.getpid()
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT)
+
+
 def test_without_wait_alive_the_timeout_still_holds(tmp_path: Path) -> None:
     base, marker = tmp_path / "key", tmp_path / "m"
     proc = _spawn_holder(base, "mkdir", 2 * STALE + 1, marker)

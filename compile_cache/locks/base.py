@@ -50,6 +50,10 @@ logger = logging.getLogger("compile_cache")
 #: (``COMPILE_CACHE_LOCK_STALE`` sets it for the store's locks).
 DEFAULT_STALE_AFTER: float = config.LOCK_STALE.default
 LOCK_SUFFIX = ".lock"
+#: Seconds a waiter given ``wait_alive`` goes on trying while a held lock has no holder record: a
+#: lock changing hands has none for an instant (a holder clears its record before it releases;
+#: a new holder writes its record just after it takes the lock).
+RECORDLESS_GRACE = 1.0
 LOCKDIR_SUFFIX = ".lockdir"
 OWNER_FILE = "owner"
 
@@ -312,7 +316,9 @@ class BaseLock:
     def holder_is_fresh(self) -> bool:
         """Whether the lock's holder shows signs of life: a heartbeat younger than the stale age,
         and (when knowable here) a running process."""
-        holder = self.holder()
+        return self._is_fresh(self.holder())
+
+    def _is_fresh(self, holder: LockHolder | None) -> bool:
         return holder is not None and holder.is_alive() is not False and holder.age <= self.stale_after
 
     def _beat(self) -> bool:
@@ -353,22 +359,33 @@ class BaseLock:
     def _wait_on_disk(self, deadline: float | None, timeout: float | None) -> None:
         started = time.monotonic()
         next_log = started + self.wait_log_interval
+        unrecorded_since: float | None = None  # when the holder's record was first seen missing
         while True:
             if self._try_once():
                 return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                if self.wait_alive is not None and now - started < self.wait_alive and self.holder_is_fresh():
+                waiting_alive = self.wait_alive is not None and now - started < self.wait_alive
+                holder = self.holder()
+                if holder is not None:
+                    unrecorded_since = None
+                elif unrecorded_since is None:
+                    unrecorded_since = now
+                if waiting_alive and holder is None and now - unrecorded_since < RECORDLESS_GRACE:
+                    # No record: the holder is releasing right now (its record goes before the
+                    # lock does) or a new holder is writing its record. Either way the lock is
+                    # changing hands, not held by a dead process: look again.
+                    deadline = now + self.poll_interval
+                elif waiting_alive and self._is_fresh(holder):
                     if not self.waited_past_timeout:
                         logger.info(
                             "lock %s: %s still holds it past the %ss timeout and its heartbeat is "
                             "fresh; waiting for it (up to %.0fs in all)",
-                            self.path, self.holder() or "its holder", timeout, self.wait_alive,
+                            self.path, holder, timeout, self.wait_alive,
                         )
                     self.waited_past_timeout = True
                     deadline = now + self.poll_interval
                 else:
-                    holder = self.holder()
                     beat = f" (last heartbeat {holder.age:.0f}s ago)" if holder is not None else ""
                     past = (
                         f" and {now - started:.0f}s in all while its heartbeat was fresh"
