@@ -413,7 +413,7 @@ def test_without_nested_graph_breaks_the_blocks_compile_per_block_and_say_so(
 CHILD = Path(__file__).with_name("_generate_child.py")
 
 
-def _fresh_node_run(root: Path, store: Path) -> dict:
+def _fresh_node_run(root: Path, store: Path, *args: str) -> dict:
     """One process on a fresh node: new TMPDIR, HOME, XDG_CACHE_HOME and local cache dirs."""
     dirs = {name: root / name for name in ("tmp", "home", "xdg", "inductor", "triton")}
     for path in dirs.values():
@@ -423,7 +423,7 @@ def _fresh_node_run(root: Path, store: Path) -> dict:
     env.update(TMPDIR=str(dirs["tmp"]), HOME=str(dirs["home"]), XDG_CACHE_HOME=str(dirs["xdg"]),
                TORCHINDUCTOR_CACHE_DIR=str(dirs["inductor"]), TRITON_CACHE_DIR=str(dirs["triton"]),
                PYTHONPATH=os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, str(CHILD), str(store)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, str(CHILD), str(store), *args], env=env, capture_output=True,
                           text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -457,3 +457,16 @@ def test_fresh_node_restores_every_generate_graph(tmp_path):
     # Llama runs first in its process: on the fresh node Dynamo traced only the prefill's two
     # frames (before and after the eager update), no decode step.
     assert warm["llama"]["frames_traced"] == 2 < cold["llama"]["frames_traced"], warm["llama"]
+
+    # A third fresh node generates what the store's entries were not made with, on the same
+    # models (one key): Llama with another prompt length, padding and number of new tokens (its
+    # decode steps run the loaded decode entry at KV lengths it never saw), then with a static
+    # cache (another view class); GPT-2 with a DynamicCache where the store's came from a static
+    # cache. Every generate must give eager's token ids, whatever the store holds.
+    varied = _fresh_node_run(tmp_path / "node-c", store, "vary")
+    for arch in ("llama", "gpt2"):
+        assert varied[arch]["equal"] and all(varied[arch]["equal"]), (arch, varied[arch])
+        assert varied[arch]["restored_packs"] >= 1 and not varied[arch]["errors"], varied[arch]
+        assert all(s["eager_calls"] == 0 for s in varied[arch]["stats"].values()), varied[arch]
+    llama_decode = [g for name, g in varied["llama"]["precompile_groups"].items() if name.endswith("__views")]
+    assert [g["status"] for g in llama_decode] == ["loaded"], varied["llama"]["precompile_groups"]
