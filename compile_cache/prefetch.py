@@ -102,10 +102,9 @@ def start_for(
     """:func:`start_probe_builds` if compiling ``model`` with ``compile_kwargs`` needs CPU kernels;
     on a ``cold`` start (nothing restored) also the background build of Inductor's precompiled
     header (``COMPILE_CACHE_PREFETCH_HEADER``, default on): torch builds it on the compiling
-    thread at the first kernel, ~7 s of g++ on one core with nothing else to do; started here,
-    it overlaps Dynamo's trace (a cold 4 x 2048 Llama ``generate()`` and a cold GPT-2 start were
-    2.5-3 s faster, medians of paired runs, benchmarks/RESULTS.md). A restored start builds
-    none: its kernels are all there."""
+    thread at the first kernel, after the ISA probe, ~7 s of g++ on one core with nothing else
+    to do; started here, it overlaps Dynamo's trace and the probe's builds (the paired runs are in
+    benchmarks/RESULTS.md). A restored start builds none: its kernels are all there."""
     tensors = itertools.chain(model.parameters(), model.buffers())
     if not wants_cpu_inductor(tensors, compile_kwargs):
         return None

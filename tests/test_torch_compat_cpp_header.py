@@ -9,6 +9,7 @@ after naming each node's root and torch's random preprocessing dir the same way)
 
 from __future__ import annotations
 
+import platform
 import re
 import subprocess
 import sys
@@ -76,3 +77,52 @@ def test_without_what_it_needs_the_deferral_stays_off_with_one_warning(tmp_path:
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "False", "1"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
+                    reason="the header guess is made on x86-64 Linux only")
+def test_the_header_guess_ignores_the_probes_edit_of_torchs_own_isa_object() -> None:
+    """The background header starts before the probe, so it must never read an ISA object while
+    the probe has edited its flags (AVX512's bf16 check appends ``-mavx512bf16`` for a moment)."""
+    from torch._inductor import cpu_vec_isa
+
+    from compile_cache.torch_compat import cpp_header
+
+    clean = cpp_header._guessed_isa()
+    assert clean is not None
+    theirs = next(isa for isa in cpu_vec_isa.supported_vec_isa_list if type(isa) is type(clean))
+    saved = theirs.__dict__.get("_arch_flags")
+    theirs._arch_flags = type(theirs)._arch_flags + " -mprobe-is-editing-this"
+    try:
+        during = cpp_header._guessed_isa()
+    finally:
+        if saved is None:
+            del theirs._arch_flags
+        else:
+            theirs._arch_flags = saved
+    assert during is not theirs
+    assert "-mprobe-is-editing-this" not in during.build_arch_flags()
+    assert during.build_arch_flags() == clean.build_arch_flags()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
+                    reason="the header guess is made on x86-64 Linux only")
+def test_the_guessed_header_is_the_one_the_compile_asks_for(tmp_path: Path) -> None:
+    """Made before torch's ISA probe runs, the guessed header has exactly the arguments the
+    compile asks for after the probe, whenever the probe picks the guessed ISA; when it picks
+    another, the arguments differ, so the compile would not take the guessed header."""
+    code = textwrap.dedent("""
+        from torch._inductor import cpu_vec_isa
+        from compile_cache.torch_compat import cpp_header
+        guess = cpp_header._guessed_isa()
+        guessed = cpp_header._kernel_header_args(guess)
+        assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0  # before the probe
+        picked = cpu_vec_isa.pick_vec_isa()
+        print(type(guess).__name__, type(picked).__name__, guessed == cpp_header._kernel_header_args())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=fresh_node_env(tmp_path / "node"),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    guessed, picked, equal = done.stdout.split()
+    assert guessed != "NoneType"  # a guess was made, before the probe
+    assert equal == str(guessed == picked), done.stdout

@@ -24,8 +24,12 @@ do not change; a hit runs no g++ at all, and a miss runs byte-identical commands
 
 :func:`start_background_build` (``COMPILE_CACHE_PREFETCH_HEADER``, default on; the policy is in
 :mod:`compile_cache.prefetch`) builds the header a cold start will need in a thread, as soon as
-its arguments are known: right after torch's ISA probe, or at once from the ISA torch will most
-likely pick (only where guessing reads no flag the probe edits). A wrong guess only wastes CPU.
+its arguments are known: at once, from the ISA torch's probe will most likely pick (the first
+candidate the CPU's flags allow, as its probe leaves it when every check passes), so that the
+header's g++ runs beside the probe's builds instead of after them (about 2 s of a cold 4 x 2048
+Llama ``generate()`` on 2 cores with AVX-512, benchmarks/RESULTS.md), or right after the probe
+where the pick is steered by env or config. A wrong guess only wastes CPU: the compile takes the
+header only if its arguments are equal (``counts()['background_unused']``).
 
 Capability ``cpp_header.defer`` (verified with torch 2.13; 2.11 has other
 ``_worker_compile_cpp`` signatures, hence ``*args``): without it torch builds the header as it
@@ -247,8 +251,13 @@ def _kernel_header_args(isa: Any = None) -> tuple[tuple[Any, ...], dict[str, Any
 
 
 def _guessed_isa() -> Any:
-    """The ISA torch's probe will most likely pick, without probing, or None where a guess could
-    read flags the probe edits (AVX512/AMX checks) or the pick is steered by env or config."""
+    """The ISA torch's probe will most likely pick, without probing: a private instance of the
+    first candidate the CPU's flags allow, as its probe leaves it when every check passes (the
+    extra flags its ``__bool__`` records, such as AVX512-BF16, predicted from ``torch.cpu``'s own
+    CPU queries); None where the pick is steered by env or config. Private, because the probe
+    edits its own instance's ``_arch_flags`` while it runs. A wrong guess (a check that fails on
+    this compiler) only wastes one build: the compile takes the header only if its arguments are
+    equal."""
     import platform
 
     from torch._inductor import config, cpu_vec_isa
@@ -262,8 +271,25 @@ def _guessed_isa() -> Any:
     flags = cpu_vec_isa.x86_isa_checker()
     for isa in cpu_vec_isa.supported_vec_isa_list:
         if all(flag in flags for flag in str(isa).split()):
-            return isa if "__bool__" not in type(isa).__dict__ else None
+            return _as_probed(isa)
     return None
+
+
+#: Attributes an ISA's ``__bool__`` sets when an extra check passes -> ``torch.cpu``'s query of it.
+_PROBED_EXTRAS = {
+    "_is_avx512_bf16_supported": "_is_avx512_bf16_supported",
+    "_is_amx_fp16_supported": "_is_amx_fp16_supported",
+}
+
+
+def _as_probed(isa: Any) -> Any:
+    import torch
+
+    guess = type(isa)()  # class-level flags, never an instance's mid-probe edit
+    for attribute, query in _PROBED_EXTRAS.items():
+        if hasattr(guess, attribute):
+            setattr(guess, attribute, bool(getattr(torch.cpu, query, lambda: False)()))
+    return guess
 
 
 def start_background_build(give_up_s: float = 600.0) -> threading.Thread | None:
