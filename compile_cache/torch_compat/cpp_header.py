@@ -275,20 +275,18 @@ def _guessed_isa() -> Any:
     return None
 
 
-#: Attributes an ISA's ``__bool__`` sets when an extra check passes -> ``torch.cpu``'s query of it.
-_PROBED_EXTRAS = {
-    "_is_avx512_bf16_supported": "_is_avx512_bf16_supported",
-    "_is_amx_fp16_supported": "_is_amx_fp16_supported",
-}
+#: What an ISA's ``__bool__`` sets when an extra check passes, each named as ``torch.cpu``'s
+#: query of the same CPU feature.
+_PROBED_EXTRAS = ("_is_avx512_bf16_supported", "_is_amx_fp16_supported")
 
 
 def _as_probed(isa: Any) -> Any:
     import torch
 
     guess = type(isa)()  # class-level flags, never an instance's mid-probe edit
-    for attribute, query in _PROBED_EXTRAS.items():
-        if hasattr(guess, attribute):
-            setattr(guess, attribute, bool(getattr(torch.cpu, query, lambda: False)()))
+    for name in _PROBED_EXTRAS:
+        if hasattr(guess, name):
+            setattr(guess, name, bool(getattr(torch.cpu, name, lambda: False)()))
     return guess
 
 
