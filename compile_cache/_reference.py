@@ -107,12 +107,13 @@ def _encode_constant(value: object) -> bytes:
         return b"z" + _u32(len(items)) + b"".join(items)
     if value is Ellipsis:
         return b"e"
-    if kind is type(_encode_code.__code__):
-        return b"k" + _encode_code(value)
+    if kind is type(encode_code.__code__):
+        return b"k" + encode_code(value)
     return b"o" + _s(_qualified_type_name(value))
 
 
-def _encode_code(code) -> bytes:  # noqa: ANN001 - a CodeType
+def encode_code(code) -> bytes:  # noqa: ANN001 - a CodeType
+    """The portable encoding of a code object (nested code included, frozensets sorted)."""
     raw = code.co_code
     parts = [_u32(len(raw)), raw, _u32(len(code.co_consts))]
     parts.extend(_encode_constant(c) for c in code.co_consts)
@@ -134,8 +135,8 @@ def _forward_digest(function: object, cache: dict[int, tuple[object, bytes]]) ->
     if hit is not None and hit[0] is function:
         return hit[1]
     code = getattr(function, "__code__", None)
-    if code is not None and type(code) is type(_encode_code.__code__):
-        digest = _digest(b"K" + _encode_code(code))
+    if code is not None and type(code) is type(encode_code.__code__):
+        digest = _digest(b"K" + encode_code(code))
     else:
         digest = _digest(b"X" + _s(_qualified_type_name(function)))
     cache[id(function)] = (function, digest)

@@ -72,10 +72,12 @@ def compile_regions(
     ``plan_regions`` for what is compiled and what stays eager. Calling it again re-plans and
     keeps what is already compiled with the same keywords.
 
-    Hooks and instance-bound ``forward``s present at the first forward are traced into the
-    compiled code. Blocks that differ in them are planned apart (Dynamo does not guard on
-    hooks); hooks added or removed *after* the first forward are not noticed by torch: call
-    ``compile_regions`` again after changing them.
+    Hooks and instance-bound ``forward``s present at ``compile_regions`` are traced into the
+    compiled code; blocks that differ in them are planned apart (Dynamo does not guard on
+    hooks). A hook added later where the traced code had none (on a block, a submodule or
+    globally) makes that block run eagerly while it is registered, so the hook fires
+    (``RegionEagerWarning``, counted in ``region_stats``); register hooks before
+    ``compile_regions`` to keep the block compiled.
 
     ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
     ``False``: no store, a path: that store). With a store, matching packs are restored before

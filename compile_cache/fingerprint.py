@@ -161,3 +161,59 @@ def fingerprint(module: Any, *, attributes: bool = True) -> Fingerprint:
     to ``cuda:3`` or loaded with other weights keeps its fingerprint.
     """
     return fingerprint_tree(module, attributes=attributes)[""]
+
+
+def class_lineage(module: Any) -> str:
+    """A digest of every class a module tree's code comes from, beyond what the fingerprint has.
+
+    The fingerprint names each module's class and ``forward``'s code; a precompiled entry also
+    relies on the rest of each class and its bases, since a loaded entry matches classes by name
+    only. This covers, for each class in the MRO of each module's class (torch's own and Python's
+    are pinned by the environment key): its qualified name, the code of every function its body
+    defines (methods, static and class methods, properties) and its primitive class attributes.
+    So another base class, an override added below ``forward``, a class function rebound or a
+    class attribute set at run time give another digest.
+    """
+    import hashlib
+    import inspect
+
+    from ._reference import encode_code
+
+    _check_module(module)
+    h = hashlib.sha256()
+    seen: set[type] = set()
+    for sub in module.modules():
+        for cls in type(sub).__mro__:
+            if cls in seen or (cls.__module__ or "").split(".", 1)[0] in ("torch", "builtins"):
+                continue
+            seen.add(cls)
+            h.update(f"\0class {cls.__module__}.{cls.__qualname__}".encode())
+            for name, attr in sorted(vars(cls).items()):
+                if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
+                    continue
+                h.update(f"\0{name}=".encode())
+                for part in _class_attribute_parts(attr, inspect):
+                    h.update(encode_code(part) if inspect.iscode(part) else repr(part).encode())
+    return h.hexdigest()[:32]
+
+
+def _class_attribute_parts(attr: Any, inspect: Any) -> list[Any]:
+    """What of one class attribute goes into :func:`class_lineage`: code objects, primitive
+    values, else the attribute's type name."""
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    if isinstance(attr, property):
+        return [f.__code__ if f is not None else None for f in (attr.fget, attr.fset, attr.fdel)]
+    if inspect.isfunction(attr):
+        defaults = attr.__defaults__ or ()
+        return [attr.__code__, *(d if _primitive(d) else type(d).__qualname__ for d in defaults)]
+    if _primitive(attr):
+        return [type(attr).__name__, attr]
+    kind = type(attr)
+    return [f"{kind.__module__}.{kind.__qualname__}"]
+
+
+def _primitive(value: Any) -> bool:
+    if value is None or type(value) in (bool, int, float, str, bytes):
+        return True
+    return type(value) is tuple and all(_primitive(v) for v in value)

@@ -32,6 +32,7 @@ from torch import nn
 
 from . import _warnings
 from .capture import VIEWS_SUFFIX
+from .fingerprint import class_lineage
 from .keys import canonical_compile_kwargs
 from .store.stats import record_precompile
 from .torch_compat import precompile as pc
@@ -176,15 +177,16 @@ class GroupPrecompiler:
         self._declines: dict[str, list[str]] = {}  # reason -> group labels, warned at finish()
         self._routed: set[str] = set()  # groups whose cache calls compile plain (reported once)
 
-    def function(self, code_name: str, label: str, compile_kwargs: dict[str, Any]
-                 ) -> pc.PrecompiledFunction:
+    def function(self, code_name: str, label: str, compile_kwargs: dict[str, Any],
+                 module: nn.Module) -> pc.PrecompiledFunction:
         """The group's precompiled function (created once per entry name in a process)."""
         pf = self.functions.get(code_name)
         if pf is not None:
             return pf
         # canonical keywords, as the store key has them: equal settings name one entry
         name = pc.entry_name(self.setup.store_key, code_name,
-                             canonical_compile_kwargs(compile_kwargs), self.template)
+                             canonical_compile_kwargs(compile_kwargs), self.template,
+                             class_lineage(module))
         with _LOCK:
             pf = _FUNCTIONS.get(name)
             if pf is None:
@@ -194,7 +196,7 @@ class GroupPrecompiler:
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
                 pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
-                    fn, compile_kwargs, declined=declined, pins=_pins_of(record))
+                    fn, compile_kwargs, declined=declined, record=_record_of(record))
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
         status, detail = pf.status, pf.declined or ""
@@ -251,7 +253,7 @@ class GroupPrecompiler:
         ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
         alone when the group declined precompile up front (as blocks with a cache compiled
         before). The calls that update the cache eagerly decline precompile (reported)."""
-        bound = BoundCall(self.function(code_name, label, compile_kwargs), module)
+        bound = BoundCall(self.function(code_name, label, compile_kwargs, module), module)
         if probe is None:
             return bound, None
         if code_name not in self._routed:
@@ -262,7 +264,8 @@ class GroupPrecompiler:
             return compiled, region
         decode = None
         if cache_calls is not None and cache_calls.use_views:
-            pf = self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)", compile_kwargs)
+            pf = self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)", compile_kwargs,
+                               module)
             decode = BoundCall(pf, module)
             cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
         return CacheRoutedCall(bound, compiled, probe, decode), region
@@ -300,7 +303,7 @@ class PrecompileTracker:
             if isinstance(records, dict):
                 self.records.update((k, v) for k, v in records.items() if isinstance(v, dict))
         for code_name, pf in self.functions.items():
-            if not pf.reload(_pins_of(self.records.get(pf.fn.__qualname__))):
+            if not pf.reload(_record_of(self.records.get(pf.fn.__qualname__))):
                 continue
             group = self.report.precompile_groups.setdefault(code_name, {"label": code_name})
             group.update(status=pf.status, reason=pf.declined or "")
@@ -322,6 +325,11 @@ class PrecompileTracker:
         get. The publisher reads the files, off the training step."""
         out: dict[str, str] = {}
         for code_name, pf in self.functions.items():
+            group = self.report.precompile_groups.get(code_name)
+            if group is not None and group.get("status") in ("new", "unused"):
+                # "new" only once something was traced (a decode-steps entry of a model that
+                # never decodes stays "unused")
+                group["status"] = "new" if pf.traced else "unused"
             failed = pf.take_save_error()
             if failed is not None:
                 on_error("precompile", f"saving the entry of {code_name}: {failed}")
@@ -335,7 +343,8 @@ class PrecompileTracker:
                 continue  # a declined group's entry on disk is not what its calls run now
             out[code_name] = pf.entry_path()
             self._sent[code_name] = digest
-            self._new[pf.fn.__qualname__] = {"pins": pf.pins.described()}
+            self._new[pf.fn.__qualname__] = {"pins": pf.pins.described(),
+                                             "values": pf.graph_records()}
         return out
 
     def metadata(self) -> dict[str, Any]:
@@ -368,9 +377,11 @@ class PrecompileTracker:
             record_precompile(self.store, load_errors=1)
 
 
-def _pins_of(record: dict[str, Any] | None) -> dict[str, str] | None:
-    pins = (record or {}).get("pins")
-    return pins if isinstance(pins, dict) else None
+def _record_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of an entry's record a load proves itself with (pins and per-graph values)."""
+    if not isinstance(record, dict) or "pins" not in record:
+        return None
+    return {"pins": record.get("pins"), "values": record.get("values")}
 
 
 _warned_global_flag = False

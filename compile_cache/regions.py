@@ -18,6 +18,16 @@
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
   group and counted, never silent. Recompiles between identical blocks (a per-block attribute
   read by ``forward``) are reported with a ``RegionRecompileWarning``.
+* Hooks: Dynamo guards a hook dict only if it was non-empty at trace time
+  (``skip_nnmodule_hook_guards``), so a hook added later where the traced code saw none (on the
+  block, a submodule, or globally with ``register_module_forward_hook`` & co.) would be skipped,
+  silently. ``_TRACED_EMPTY`` remembers, per group code and module class, which hook dicts a trace
+  saw empty (precompiled groups, whose code may come from a store: those empty at install, and
+  the global ones). While such a dict holds a hook, the block runs eagerly (``_call_impl``: hooks
+  and forward), warned once per group and counted; compiled again once the hook is removed. A
+  new trace (a changed class, as ``fully_shard`` makes) sees the hooks: it stays compiled. Per
+  call this costs a look at torch's hook counter (``RemovableHandle.next_id``, bumped by every
+  registration); the hook dicts are read only when it moved.
 * Each group is one ``torch.compile`` call with its own recompile bucket (``isolate_recompiles``),
   so the resume functions after a graph break (shared by every model of a block class) count only
   its entries. Blocks that take a transformers KV cache are called through
@@ -41,6 +51,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
 
 from . import _warnings
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
@@ -119,6 +131,7 @@ class _GroupState:
         self.block_recompiles = 0
         self.limit = 0
         self.warned_eager = False
+        self.warned_causes: set[str] = set()  # report_eager's causes warned already
         self.warned_recompile = False
         self.started = False
         self.last_compiled: _RegionRunner | None = None
@@ -191,12 +204,20 @@ class _GroupState:
         )
         _warnings.warn(msg, RegionRecompileWarning)
 
-    def report_eager(self, module: nn.Module | None, reason: str | None = None) -> None:
+    def report_eager(self, module: nn.Module | None, reason: str | None = None,
+                     cause: str | None = None) -> None:
+        """Count an eager run and warn: once per group for Dynamo's reasons (``reason`` None),
+        once per group and ``cause`` when given (hooks), else each time (a new ``reason``)."""
         with _LOCK:
             self.eager_calls += 1
-            if self.warned_eager and reason is None:
+            if cause is not None:
+                if cause in self.warned_causes:
+                    return
+                self.warned_causes.add(cause)
+            elif self.warned_eager and reason is None:
                 return
-            self.warned_eager = True
+            else:
+                self.warned_eager = True
         reason = reason or _eager_reason(self)
         if self.takes_cache and "recompile limit" in reason:
             reason += kv_cache.LIMIT_HINT
@@ -239,6 +260,76 @@ def _ran_eager(module: nn.Module) -> None:
         runner.state.report_eager(module)
 
 
+# The hook dicts torch's ``_call_impl`` reads on every module, and what one of their hooks is.
+_HOOK_KINDS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+}
+# torch's global ones (``torch.nn.modules.module``), with the function that registers into each.
+_GLOBAL = "<global>."
+_GLOBAL_HOOKS = {
+    "_global_forward_pre_hooks": "register_module_forward_pre_hook",
+    "_global_forward_hooks": "register_module_forward_hook",
+    "_global_backward_pre_hooks": "register_module_full_backward_pre_hook",
+    "_global_backward_hooks": "register_module_full_backward_hook",
+}
+_GLOBAL_NAMES = frozenset(_GLOBAL + attr for attr in _GLOBAL_HOOKS)
+
+# (group code name, module class) -> the hook dicts (names from _hook_slots) that some trace of
+# that code saw empty: Dynamo does not guard those, so code traced then skips a hook added there
+# later. Class None: precompiled groups, whose code may have been traced in another process and
+# whose loaded guards may not check the class. Process-wide, like Dynamo's cache per code object.
+_TRACED_EMPTY: dict[tuple[str, type | None], frozenset[str]] = {}
+_trace_version = 0  # bumped whenever _TRACED_EMPTY grows, so that every runner looks again
+
+
+def _hook_slots(module: nn.Module) -> tuple[tuple[str, dict, str], ...]:
+    """Where the hooks that apply to a block live, as ``(name, namespace, attr)``: its own and
+    its submodules' dicts (name ``"<path>.<attr>"``, path empty for the block) and torch's global
+    ones (``"<global>.<attr>"``). Read through the namespace, so a replaced dict is seen too."""
+    slots = [(f"{path}.{attr}" if path else attr, sub.__dict__, attr)
+             for path, sub in module.named_modules() for attr in _HOOK_KINDS]
+    slots += [(_GLOBAL + attr, vars(_nn_module), attr) for attr in _GLOBAL_HOOKS]
+    return tuple(slots)
+
+
+def _note_traced(key: tuple[str, type | None], empty: frozenset[str]) -> None:
+    """Code of ``key`` may have been traced while the ``empty`` hook dicts were empty."""
+    global _trace_version
+    with _LOCK:
+        known = _TRACED_EMPTY.get(key, frozenset())
+        if not empty <= known:
+            _TRACED_EMPTY[key] = known | empty
+            _trace_version += 1
+
+
+def _describe_hooks(names: tuple[str, ...]) -> str:
+    """``("fc1._forward_hooks", ...)`` -> ``"a forward hook on its submodule fc1, ..."``."""
+    parts = []
+    for name in names:
+        if name.startswith(_GLOBAL):
+            attr = name[len(_GLOBAL):]
+            kind = _HOOK_KINDS.get(attr.replace("_global", "", 1), attr)
+            parts.append(f"a global {kind} (torch.nn.modules.module.{_GLOBAL_HOOKS.get(attr, attr)})")
+            continue
+        path, _, attr = name.rpartition(".")
+        where = f"on its submodule {path}" if path else "on the module itself"
+        parts.append(f"a {_HOOK_KINDS.get(attr, attr)} {where}")
+    return ", ".join(dict.fromkeys(parts))
+
+
+def _hooks_reason(names: tuple[str, ...]) -> str:
+    return (
+        f"{_describe_hooks(names)} was registered after its compiled code was traced without one, "
+        f"and torch does not guard on hooks that were absent then (Dynamo's "
+        f"skip_nnmodule_hook_guards): the compiled code would skip the hook. The module runs "
+        f"eagerly while the hook is registered, so the hook fires; register hooks before "
+        f"compile_regions (or before the first forward) to keep it compiled"
+    )
+
+
 class _RegionRunner:
     """Installed as ``module._compiled_call_impl``: calls the compiled trampoline.
 
@@ -246,11 +337,17 @@ class _RegionRunner:
     (two dict lookups) to notice recompiles caused by differences between blocks, and names the
     group as the owner of whatever torch compiles meanwhile (capture by use). On the root,
     ``on_end`` (set by :func:`observe_calls`) hears of every call's end, outside compiled code.
+
+    Hooks (the module doc): torch's hook counter ``RemovableHandle.next_id`` and the version of
+    ``_TRACED_EMPTY`` are compared per call; only when one moved are the block's hook dicts
+    looked at. While a hook sits where a trace of the group's code saw none (``hooked``), the
+    block runs eagerly through ``module._call_impl`` (hooks and forward), warned once per group.
     """
 
-    __slots__ = ("compiled", "state", "key", "owner", "failures", "on_end", "__weakref__")
+    __slots__ = ("compiled", "state", "key", "owner", "failures", "on_end", "module", "hook_slots",
+                 "hook_id", "hook_version", "hooked", "__weakref__")
 
-    def __init__(self, compiled: Any, state: _GroupState, key: tuple) -> None:
+    def __init__(self, compiled: Any, state: _GroupState, key: tuple, module: nn.Module) -> None:
         self.compiled = compiled
         self.state = state
         self.key = key
@@ -259,21 +356,74 @@ class _RegionRunner:
         # Dynamo appends the reasons of every recompile here, keyed by the original code object.
         self.failures = dynamo.guard_failures()
         self.on_end: Callable[[float], None] | None = None
+        # The compiled call already holds the module (a bound method or BoundCall): no new cycle.
+        self.module = module
+        #: The hook dicts its compiled code may have traced (the block's, its submodules', global).
+        self.hook_slots = _hook_slots(module)
+        self.hook_id = -1  # RemovableHandle.next_id when the hooks were last looked at
+        self.hook_version = -1  # _trace_version then
+        #: The hook dicts that hold a hook where a trace of the group's code saw none (eager).
+        self.hooked: tuple[str, ...] = ()
+        if state.pf is not None:
+            # The precompiled code may come from another process (a store), traced with the hooks
+            # the plan saw on the group (its fingerprint holds them) and, presumably, no global ones.
+            _note_traced(self._trace_key(), frozenset(n for n, ns, attr in self.hook_slots
+                                                      if not ns.get(attr)) | _GLOBAL_NAMES)
+
+    def _trace_key(self) -> tuple[str, type | None]:
+        return self.state.code_name, (None if self.state.pf is not None else type(self.module))
+
+    def _look_at_hooks(self) -> tuple[str, ...]:
+        """The hook dicts that now hold a hook where a trace of the group's code saw none."""
+        self.hook_id = RemovableHandle.next_id
+        self.hook_version = _trace_version
+        key = self._trace_key()
+        unguarded = _TRACED_EMPTY.get(key)
+        if not unguarded:
+            return ()
+        try:
+            added = tuple(n for n, ns, attr in self.hook_slots if ns.get(attr) and n in unguarded)
+            if added and self.state.pf is None and self.state.cache_entries() == 0:
+                # Dynamo holds no compiled code for the group (torch._dynamo.reset()): the next
+                # call traces afresh, hooks included.
+                with _LOCK:
+                    _TRACED_EMPTY.pop(key, None)
+                return ()
+        except Exception:  # never fail a forward over this: keep the compiled path, as torch would
+            logger.debug("compile_cache: could not look at the hooks of %s", self.state.label,
+                         exc_info=True)
+            return ()
+        return added
+
+    def _note_trace(self) -> None:
+        """This call compiled: the code traced saw the block's hook dicts as they are now."""
+        _note_traced(self._trace_key(),
+                     frozenset(n for n, ns, attr in self.hook_slots if not ns.get(attr)))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         on_end = self.on_end
         start = 0.0
         if on_end is not None:  # the observed root: a model forward starts
-            pc.next_forward()
             start = time.perf_counter()
         state = self.state
+        hooked = self.hooked
+        if hooked or RemovableHandle.next_id != self.hook_id or _trace_version != self.hook_version:
+            was = hooked
+            self.hooked = hooked = self._look_at_hooks()
+            if hooked:
+                state.report_eager(self.module, _hooks_reason(hooked), cause="hooks")
+            elif was:
+                logger.debug("compile_cache: %s runs compiled again: the hooks added after "
+                             "compiling are gone", state.label)
         failures = self.failures.get(state.code)
         before = len(failures) if failures is not None else 0
         frames = dynamo.frames_seen()
         owners = owner_stack()
         owners.append(self.owner)
         try:
-            if state.cache_calls is not None:
+            if hooked:  # eagerly: torch runs the module's hooks and forward
+                out = self.module._call_impl(*args, **kwargs)
+            elif state.cache_calls is not None:
                 out = state.cache_calls.call(self, self.compiled, args, kwargs)
             else:
                 out = self.compiled(*args, **kwargs)
@@ -281,6 +431,8 @@ class _RegionRunner:
             owners.pop()
         if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
             state.check_resumes()
+            if not hooked:
+                self._note_trace()
         failures = self.failures.get(state.code)
         if failures is not None and len(failures) > before:
             state.on_recompile(failures[before:], self)
@@ -305,7 +457,6 @@ class _ObservedCall:
         self.on_end = on_end
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        pc.next_forward()
         start = time.perf_counter()
         out = self.wrapped(*args, **kwargs)
         self.on_end(time.perf_counter() - start)
@@ -408,7 +559,7 @@ def install(
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
             state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-        mod._compiled_call_impl = _RegionRunner(compiled, state, key)
+        mod._compiled_call_impl = _RegionRunner(compiled, state, key, mod)
     if groups is not None:
         groups.finish()
     if states and not PER_CALL_RECOMPILE_LIMIT:
@@ -442,7 +593,6 @@ _clock = threading.local()
 
 
 def _start_timer(module: nn.Module, args: Any) -> None:
-    pc.next_forward()  # precompiled regions check the globals they rely on once per forward
     _clock.start = time.perf_counter()
 
 

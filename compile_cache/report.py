@@ -42,7 +42,8 @@ class CacheReport:
     load_failures: int = 0
     #: With precompile, per group (code name): ``label``, ``status`` (``loaded``: its Dynamo
     #: entry came from the store, tracing skipped; ``new``: traced, saved for the next start;
-    #: ``declined`` / ``failed``: compiled without precompile) and ``reason``.
+    #: ``unused``: not called yet, nothing traced; ``declined`` / ``failed``: compiled without
+    #: precompile) and ``reason``.
     precompile_groups: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     precompile_hits: int = 0
     precompile_declined: int = 0
@@ -91,7 +92,7 @@ class CacheReport:
         if self.precompile_groups:
             statuses = [g.get("status") for g in self.precompile_groups.values()]
             parts.append("precompile: " + ", ".join(
-                f"{statuses.count(s)} {s}" for s in ("loaded", "new", "declined", "failed")
+                f"{statuses.count(s)} {s}" for s in ("loaded", "new", "unused", "declined", "failed")
                 if s in statuses))
         if self.errors:
             parts.append(f"{len(self.errors)} error(s): {'; '.join(self.errors)}")

@@ -440,3 +440,86 @@ def test_unloadable_native_backend_falls_back_with_one_warning_and_a_counter(tmp
                   "compile_cache.backend", COMPILE_CACHE_BACKEND="native")
     assert forced.returncode != 0
     assert "BackendUnavailableError" in forced.stderr and "COMPILE_CACHE_BACKEND=native" in forced.stderr
+
+
+# ---------------------------------------------------------------------------- class lineage
+
+LINEAGE_SOURCE = '''
+import torch
+from torch import nn
+
+
+class Base(nn.Module):
+    def act(self, y):
+        return torch.tanh(y)
+
+
+class Block(Base):
+    kind = "tanh"
+    sizes = (1, 2)
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.kind in {"tanh", "relu", "gelu"}:  # a frozenset constant: its order varies by seed
+            return self.act(self.lin(x))
+        return [v * 2 for v in self.lin(x)][0]  # a nested code object
+'''
+
+
+def _lineage_module(tmp_path, name: str, source: str) -> types.ModuleType:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = __import__("importlib.util").util.spec_from_file_location(name, path)
+    module = __import__("importlib.util").util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_class_lineage_follows_the_mro_code_and_class_values(tmp_path):
+    """A precompiled entry is named by the lineage: what a loaded entry matches by name only."""
+    from compile_cache.fingerprint import class_lineage
+
+    mod = _lineage_module(tmp_path, "cc_lineage_a", LINEAGE_SOURCE)
+    base = class_lineage(mod.Block())
+    assert base == class_lineage(mod.Block())
+    changed = []
+    mod.Block.kind = "relu"  # a class attribute set at run time
+    changed.append(class_lineage(mod.Block()))
+    mod.Block.kind = "tanh"
+    mod.Base.act = lambda self, y: torch.relu(y)  # a base's function rebound
+    changed.append(class_lineage(mod.Block()))
+    edited = [
+        LINEAGE_SOURCE.replace("class Block(Base):", "class Block(nn.Module):\n    act = Base.act"),
+        LINEAGE_SOURCE + "\n\nBlock.helper = staticmethod(lambda y: y)\n",  # a class function added
+        LINEAGE_SOURCE.replace("return torch.tanh(y)", "return torch.sigmoid(y)"),  # a base's code
+        LINEAGE_SOURCE.replace("v * 2", "v * 3"),  # inside a comprehension of forward
+    ]
+    for i, source in enumerate(edited):
+        other = _lineage_module(tmp_path, f"cc_lineage_b{i}", source.replace("cc_lineage_a", ""))
+        # another module name would change the lineage anyway: compare under the same name
+        other.Block.__module__ = other.Base.__module__ = "cc_lineage_a"
+        changed.append(class_lineage(other.Block()))
+    assert base not in changed and len(set(changed)) == len(changed)
+    # torch's own classes are left to the environment key: a plain nn.Linear has no lineage
+    assert class_lineage(nn.Linear(2, 2)) == class_lineage(nn.Sequential(nn.Linear(3, 3)))
+
+
+def test_class_lineage_is_the_same_in_every_process_and_hash_seed(tmp_path):
+    (tmp_path / "cc_lineage_p.py").write_text(LINEAGE_SOURCE)
+    script = f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import cc_lineage_p
+        from compile_cache.fingerprint import class_lineage
+        print(class_lineage(cc_lineage_p.Block()))
+    """
+    results = set()
+    for seed in ("1", "2", "3"):
+        done = _run(script, PYTHONHASHSEED=seed)
+        assert done.returncode == 0, done.stderr
+        results.add(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 1

@@ -198,9 +198,30 @@ def test_only_the_store_knows_the_disk_layout() -> None:
     assert joins.search(ast.unparse(ast.parse((PACKAGE / "store" / "layout.py").read_text())))
 
 
-def test_no_module_over_500_lines() -> None:
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 500}
-    assert long == {}
+#: Functions over LONG_FUNCTION lines: each is a place to look at, and the list only shrinks. A
+#: module's length is no rule (a per-module line cap split cohesive classes into free functions
+#: that reach back into their privates: DESIGN.md section 3).
+LONG_FUNCTION = 80
+LONG_FUNCTIONS_ALLOWED = {
+    "compile_cache.cli.doctor:cmd_doctor",
+    "compile_cache.store.maintenance:verify",
+    "compile_cache.api:compile_regions",
+    "compile_cache.plan:plan_regions",
+    "compile_cache.cli.main:build_parser",
+    "compile_cache.distributed.protocol:warm_up",
+    "compile_cache.store.safety:trust_problem",
+}
+
+
+def test_no_new_function_over_80_lines_and_the_allow_list_only_shrinks() -> None:
+    long = set()
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > LONG_FUNCTION:  # type: ignore[operator]
+                    long.add(f"{name}:{node.name}")
+    assert long - LONG_FUNCTIONS_ALLOWED == set(), "split these, or say why they cannot be"
+    assert LONG_FUNCTIONS_ALLOWED - long == set(), "no longer long: take them off the list"
 
 
 # ------------------------------------------------------------------------------ no torch needed

@@ -107,9 +107,11 @@ def test_kv_cache_calls_compile_plain_and_the_other_calls_precompile(
     blocks = [g for g in groups if "take a KV cache" in g.get("cache_calls", "")]
     assert len(blocks) == 1, groups
     # The blocks' decode steps (through the layer view) precompile as a second entry: Llama's
-    # decode steps load it on the fresh node; GPT-2 never decodes, so it has nothing to load.
+    # decode steps load it on the fresh node; GPT-2 never decodes, so that entry traced nothing
+    # and is reported unused, not new.
     (decode,) = [g for g in groups if g["label"].endswith("(decode steps)")]
-    assert decode["status"] == ("loaded" if phase == "load" and name == "llama" else "new"), decode
+    want = "unused" if name == "gpt2" else "loaded" if phase == "load" else "new"
+    assert decode["status"] == want, decode
     others = [g for g in groups if g is not decode]
     assert {g["status"] for g in others} == ({"new"} if phase == "publish" else {"loaded"}), groups
 
@@ -375,20 +377,37 @@ def test_precompile_without_a_store_says_so() -> None:
         compile_cache.compile_regions(model, cache_dir=False, precompile=True, backend="eager")
 
 
+def test_every_inductor_mode_is_folded_into_options() -> None:
+    """torch.compile takes a mode or options, and precompile needs options for its filter: each
+    mode's options are folded in, the options given winning, as torch applies them."""
+    from torch._inductor import list_mode_options
+
+    for mode in list_mode_options():
+        kwargs = {"mode": mode, "options": {"max_autotune": False}, "dynamic": None}
+        assert pc._mode_options(kwargs) == {**list_mode_options(mode), "max_autotune": False}
+        assert "mode" not in kwargs and "options" not in kwargs and "dynamic" in kwargs
+    assert pc._mode_options({"mode": None}) == {}
+
+
 def test_entry_names_follow_the_full_key() -> None:
     from compile_cache import regions
 
     template = regions._trampoline
-    base = pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, template)
+    def name(key: str = "k" * 32, code_name: str = "region_X_abc",
+             kwargs: dict | None = None, fn: Any = template, lineage: str = "L1") -> str:
+        return pc.entry_name(key, code_name, kwargs or {"backend": "inductor"}, fn, lineage)
+
+    base = name()
     assert base.isidentifier() and base.startswith("region_X_abc__pc_")
-    assert base == pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, template)
+    assert base == name()
     others = {
-        pc.entry_name("j" * 32, "region_X_abc", {"backend": "inductor"}, template),
-        pc.entry_name("k" * 32, "region_Y_abc", {"backend": "inductor"}, template),
-        pc.entry_name("k" * 32, "region_X_abc", {"mode": "max-autotune"}, template),
-        pc.entry_name("k" * 32, "region_X_abc", {"backend": "inductor"}, _Net.forward),
+        name(key="j" * 32),
+        name(code_name="region_Y_abc"),
+        name(kwargs={"mode": "max-autotune"}),
+        name(fn=_Net.forward),
+        name(lineage="L2"),  # another class lineage (a base class, an override, a class value)
     }
-    assert base not in others and len(others) == 4
+    assert base not in others and len(others) == 5
     fn = pc.region_function(template, base)
     assert fn.__qualname__ == fn.__code__.co_name == base
     assert fn.__module__ == f"compile_cache._precompiled.{base}"

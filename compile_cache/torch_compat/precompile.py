@@ -15,7 +15,14 @@ artifacts, so a later start skips tracing. compile_cache uses it per region grou
   (``TORCH_CACHING_PRECOMPILE=1``), Dynamo's forced drop of identity guards would apply to our
   regions too: they then compile and run with it off (:func:`compile_isolated`).
 * **Pins** (:mod:`.precompile_pins`): the globals whose identity guards had to be dropped are
-  checked once per model forward, and against the publisher's record before an entry loads.
+  checked at every call, and against the publisher's record before an entry loads.
+* **Values** (:mod:`.precompile_values`): each graph carries the values its kept guards were
+  traced with; before torch reads an entry, each graph proves them in the scope torch rebuilds
+  its guards in, and a graph that does not is taken out of the entry (that call traces again).
+  Torch rebuilds a loaded entry's guards from the loading process, so without this a value read
+  through a module or a class would be compared with itself.
+* **Modes**: ``mode=`` is folded into ``options`` (torch takes one or the other; the guard
+  filter needs ``options``).
 * **Naming** (:mod:`.precompile_names`): Dynamo's on-disk id is
   ``sha256(fn.__qualname__ + first line)`` of the compiled function. Each (store key, group,
   compile keywords, trampoline code) gets its own function, code object and module namespace
@@ -53,7 +60,8 @@ from .precompile_guards import GuardReport, make_guard_filter, unsupported_guard
 from .precompile_isolation import IsolatedCall, compile_group_isolated, compile_isolated
 from .precompile_names import ENTRY_FORMAT, entry_name, region_function
 from .precompile_names import advance_unique_ids as _advance_unique_ids
-from .precompile_pins import Pins, forward_count, next_forward, verify
+from .precompile_pins import Pins, verify
+from .precompile_values import check_entry, graph_digest
 
 logger = logging.getLogger("compile_cache")
 
@@ -66,7 +74,6 @@ __all__ = [
     "compile_isolated",
     "entry_name",
     "global_flag_on",
-    "next_forward",
     "region_function",
     "usable",
 ]
@@ -173,7 +180,7 @@ class PrecompiledFunction:
     """
 
     def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
-                 declined: str | None = None, pins: dict[str, str] | None = None) -> None:
+                 declined: str | None = None, record: dict[str, Any] | None = None) -> None:
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         from torch._dynamo.package import CompilePackage
@@ -192,13 +199,14 @@ class PrecompiledFunction:
         self._saved_digest: str | None = None
         self._lock = threading.Lock()
         self.pins = Pins(fn.__globals__)
-        self._pins_checked = -1
         self._pins_seen = 0
         #: False for a decline that depends on this process (a global bound differently): the
         #: store should not remember it for the entry.
         self.decline_persists = True
         self.source_id = CompilePackage.source_id_from_fn(fn)
         self._save_error: str | None = None
+        #: Why graphs of the loaded entry were not installed (they trace again), if any.
+        self.dropped_graphs: list[str] = []
         if declined is None and global_flag_on():
             declined = ("torch._dynamo.config.caching_precompile is on for the whole process "
                         "(TORCH_CACHING_PRECOMPILE=1); its forced drop of identity guards is not "
@@ -206,21 +214,21 @@ class PrecompiledFunction:
         if declined is not None:
             self._decline(declined)
             return
-        self._compile(pins)
+        self._compile(record)
 
-    def _compile(self, pins: dict[str, str] | None) -> None:
+    def _compile(self, record: dict[str, Any] | None) -> None:
         """``torch.compile`` with precompile: loads the entry on disk, if any and trusted."""
         import torch
         import torch._dynamo.config as dynamo_config
 
-        declined = self._check_entry_before_loading(pins)
+        declined = self._check_entry_before_loading(record)
         if declined is not None:
             self._decline(declined)
             return
         _quiet_declines()  # once per function, not in every call of the forward path
         fn = self.fn
         kwargs = dict(self.compile_kwargs)
-        options = dict(kwargs.pop("options", None) or {})
+        options = _mode_options(kwargs)
         options["guard_filter_fn"] = make_guard_filter(self.report)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
@@ -228,6 +236,7 @@ class PrecompiledFunction:
                 # torch.compile pops guard_filter_fn out of the dict it is given: pass a copy.
                 self.compiled = torch.compile(fn, options=dict(options), **kwargs)
             self.package = _package_of(self.compiled)
+            _record_graph_values(self.package, self.report)
         except PrecompileDeclined as exc:
             self._decline(str(exc))
             return
@@ -243,12 +252,12 @@ class PrecompiledFunction:
             self.load_error = "torch could not read the precompile entry (dynamo_cache_error)"
         if self.loaded:
             _advance_unique_ids(fn.__globals__)
-            self.pins.add_current(pins or ())
+            self.pins.add_current((record or {}).get("pins") or ())
             # What the entry on disk holds: a save that adds nothing is skipped (pickling the
             # same package again gives other bytes, which would republish at every start).
             self._saved_digest = self.content_digest()
 
-    def reload(self, pins: dict[str, str] | None) -> bool:
+    def reload(self, record: dict[str, Any] | None) -> bool:
         """Loads an entry that appeared on disk after this function compiled (another rank
         published it meanwhile), when nothing has been traced, loaded or declined yet. True
         when it tried (``status`` says how it went)."""
@@ -261,26 +270,44 @@ class PrecompiledFunction:
                 return False
             if not os.path.exists(os.path.join(DynamoCache.path_prefix(), self.source_id, "entry")):
                 return False
-            self._compile(pins)
+            self._compile(record)
             return True
 
-    def _check_entry_before_loading(self, pins: dict[str, str] | None) -> str | None:
-        """An entry on disk loads only with the publisher's record of its pins, all of them
-        naming here what they named there; an entry with no record is removed (traced again)."""
+    def _check_entry_before_loading(self, record: dict[str, Any] | None) -> str | None:
+        """An entry on disk loads only with the publisher's record: every pin names here what it
+        named there, and each graph proves the values it was traced under
+        (:func:`.precompile_values.check_entry`: the graphs that do not are taken out of the
+        entry, and those calls trace again). An entry with no record is removed (traced again)."""
         from torch._dynamo.package import DynamoCache
 
         entry_dir = os.path.join(DynamoCache.path_prefix(), self.source_id)
-        if not os.path.exists(os.path.join(entry_dir, "entry")):
+        path = os.path.join(entry_dir, "entry")
+        if not os.path.exists(path):
             return None
-        if pins is None:
-            logger.info("compile_cache: precompile entry %s has no record of its pins; tracing "
-                        "it again", self.fn.__qualname__)
+        pins, graphs = (record or {}).get("pins"), (record or {}).get("values")
+        if not isinstance(pins, dict) or not isinstance(graphs, dict):
+            logger.info("compile_cache: precompile entry %s has no record of its pins and values; "
+                        "tracing it again", self.fn.__qualname__)
             shutil.rmtree(entry_dir, ignore_errors=True)
             return None
         reason = verify(pins, self.fn.__globals__)
         if reason is not None:
             self.decline_persists = False
-        return reason
+            return reason
+        try:
+            checked = check_entry(path, graphs)
+        except Exception as exc:  # noqa: BLE001 - an unreadable entry is traced again
+            logger.info("compile_cache: precompile entry %s could not be checked (%s: %s); tracing "
+                        "it again", self.fn.__qualname__, type(exc).__name__, exc)
+            shutil.rmtree(entry_dir, ignore_errors=True)
+            return None
+        self.report.values.adopt(checked.kept)
+        self.dropped_graphs = list(checked.dropped)
+        if checked.dropped:
+            logger.info("compile_cache: %d graph(s) of precompile entry %s not loaded, traced "
+                        "again: %s", len(checked.dropped), self.fn.__qualname__,
+                        "; ".join(checked.dropped))
+        return None
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -298,9 +325,8 @@ class PrecompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.declined is not None:
             return self.compiled(*args, **kwargs)
-        if self._pins_checked != forward_count():  # once per model forward
-            self._pins_checked = forward_count()
-            moved = self.pins.changed() if len(self.pins) else None
+        if self.pins.watching:  # every call: a global rebound since the trace declines
+            moved = self.pins.changed()
             if moved is not None:
                 self.decline_persists = False
                 self._decline_during_call(moved)
@@ -425,6 +451,20 @@ class PrecompiledFunction:
         return error
 
     @property
+    def traced(self) -> bool:
+        """Whether the package holds a graph (traced here, or loaded)."""
+        return self.package is not None and any(c.guarded_codes for c in self.package._codes.values())
+
+    def graph_records(self) -> dict[str, dict[str, str]]:
+        """The values each graph of the package was traced under (graph digest -> {guard source:
+        value}), for the entry's record in the store."""
+        if self.package is None:
+            return {}
+        digests = [graph_digest(guarded.guards_state)
+                   for entry in self.package._codes.values() for guarded in entry.guarded_codes]
+        return self.report.values.records_for(digests)
+
+    @property
     def saved_digest(self) -> str | None:
         """The :meth:`content_digest` of the entry on disk (saved here, or loaded), else None."""
         return self._saved_digest
@@ -452,6 +492,31 @@ class PrecompiledFunction:
 #: Entries written, by where: ``compile`` (right after the call that traced them, as part of
 #: that compile) or ``forward`` (by the forward's hook: only when that save was skipped).
 SAVES: dict[str, int] = {}
+
+
+def _record_graph_values(package: Any, report: GuardReport) -> None:
+    """File the values of each frame the guard filter saw under the graph Dynamo then adds to
+    ``package`` (``CompilePackage.add_guarded_code``, called right after the frame's guards)."""
+    add = package.add_guarded_code
+
+    def add_guarded_code(guards_state: bytes, dynamo_code: types.CodeType) -> None:
+        add(guards_state, dynamo_code)
+        report.values.graph_added(guards_state)
+
+    package.add_guarded_code = add_guarded_code
+
+
+def _mode_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the options of ``mode`` folded in (``mode`` popped from ``kwargs``):
+    torch.compile takes either a mode or options, and precompile needs options for its filter.
+    The options given win over the mode's, as torch applies them."""
+    options = dict(kwargs.pop("options", None) or {})
+    mode = kwargs.pop("mode", None)
+    if mode is None or mode == "default":
+        return options
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options(mode, kwargs.get("dynamic")), **options}
 
 
 def _reset_precompile_entries(code: types.CodeType) -> None:

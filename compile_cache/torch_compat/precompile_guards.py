@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import PrecompileDeclined
+from .precompile_values import ValueRecorder, describe_value
 
 __all__ = [
     "DECLINE",
@@ -172,11 +173,12 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> Gua
 
 
 def _pinnable(entry: Any) -> bool:
-    """A dropped guard on a global function, class or builtin that a rebinding could change
-    (not modules, enum members or Python's own builtins dict)."""
+    """A dropped guard on a global function, class, builtin or enum member that a rebinding
+    could change (not modules, nor Python's own builtins dict)."""
     value = entry.value
-    return (entry.is_global and entry.has_value and callable(value)
-            and not inspect.ismodule(value) and not isinstance(value, enum.Enum)
+    return (entry.is_global and entry.has_value
+            and (callable(value) or isinstance(value, enum.Enum))
+            and not inspect.ismodule(value)
             and not entry.name.startswith("G['__builtins_dict__"))
 
 
@@ -190,9 +192,11 @@ class GuardReport:
     dropped_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
     frames: int = 0
     #: Dropped identity guards on globals (source -> the object it named when traced): what a
-    #: rebinding (monkeypatching) would change. Checked by the caller: once per forward in
+    #: rebinding (monkeypatching) would change. Checked by the caller: at every call in
     #: process, and against the publisher's when an entry loads.
     pins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The values each traced graph was traced under (:mod:`.precompile_values`).
+    values: ValueRecorder = dataclasses.field(default_factory=ValueRecorder)
 
     @property
     def safe(self) -> bool:
@@ -208,6 +212,7 @@ def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[boo
 
     def guard_filter(entries: Sequence[Any]) -> list[bool]:
         out = []
+        values: dict[str, str] = {}
         with lock:
             report.frames += 1
             for entry in entries:
@@ -223,7 +228,13 @@ def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[boo
                 report.kept += 1
                 if decision.action == DECLINE and decision.reason not in report.declined:
                     report.declined.append(decision.reason)
+                elif entry.has_value:
+                    source = entry.orig_guard.name
+                    described = describe_value(entry.guard_type, entry.value, source)
+                    if described is not None:
+                        values[source] = described
                 out.append(True)
+            report.values.frame(values)
         if report.declined:
             raise PrecompileDeclined("; ".join(report.declined))
         return out

@@ -24,18 +24,20 @@ from .precompile_pins import code_digest
 __all__ = ["ENTRY_FORMAT", "advance_unique_ids", "entry_name", "region_function"]
 
 #: In every entry name: bumped when what an entry may rely on changes (the guard filter's rules),
-#: so that entries (and recorded declines) of an older compile_cache are not used.
-ENTRY_FORMAT = 1
+#: so that entries (and recorded declines) of an older compile_cache are not used. 2: the name
+#: covers the classes' lineage, and each graph carries the values it was traced under.
+ENTRY_FORMAT = 2
 
 
 def entry_name(store_key: str, code_name: str, compile_kwargs: dict[str, Any],
-               template: types.FunctionType) -> str:
+               template: types.FunctionType, lineage: str) -> str:
     """A Python identifier naming one group's precompile entry by the full key: the store key
     (model fingerprint with attributes, plan, compile keywords, environment), the group, the
     keywords its ``torch.compile`` gets (JSON-able, as ``keys.canonical_compile_kwargs`` gives
-    them) and the trampoline's code."""
+    them), the trampoline's code and the lineage of the group's classes
+    (:func:`compile_cache.fingerprint.class_lineage`: a loaded entry matches classes by name)."""
     material = json.dumps([ENTRY_FORMAT, store_key, code_name, compile_kwargs,
-                           code_digest(template.__code__)], sort_keys=True)
+                           code_digest(template.__code__), lineage], sort_keys=True)
     return f"{code_name}__pc_{hashlib.sha256(material.encode()).hexdigest()[:20]}"
 
 

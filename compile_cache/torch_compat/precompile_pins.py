@@ -8,9 +8,10 @@ not what a name is bound to: a monkeypatch after compiling, or another binding o
 would go unnoticed. So each such dropped guard becomes a *pin*, its source expression and the
 object it named when traced:
 
-* in process, every pin of a group is compared by identity once per model forward
-  (:func:`next_forward` marks the start of one): a changed binding declines precompile for
-  that group, which compiles again with every guard (:class:`Pins`);
+* in process, every pin of a group is compared by identity at every call of the group's
+  function (one evaluation of one compiled expression: a direct call of a block after a
+  monkeypatch is checked as a model forward is): a changed binding declines precompile for that
+  group, which compiles again with every guard (:class:`Pins`);
 * across processes, the publisher records every pin as a portable description (module,
   qualified name and, for Python functions, a digest of the code) with the pack, and a node
   that restores the entry checks them before loading it (:func:`verify`); where one differs,
@@ -20,29 +21,23 @@ object it named when traced:
 from __future__ import annotations
 
 import builtins
+import enum
 import hashlib
 import importlib
+import inspect
 import re
 import types
 from typing import Any
 
-__all__ = ["Pins", "code_digest", "describe", "forward_count", "next_forward", "verify"]
-
-_FORWARDS = [0]
-
-
-def next_forward() -> None:
-    """A model forward starts: each precompiled function checks its pins once before it runs."""
-    _FORWARDS[0] += 1
-
-
-def forward_count() -> int:
-    return _FORWARDS[0]
-
+__all__ = ["Pins", "code_digest", "describe", "verify"]
 
 def describe(value: Any) -> str:
     """A description of what a global names that is the same in every process that binds the
-    same object: module, qualified name, and a digest of a Python function's code."""
+    same object: module, qualified name, and a digest of a Python function's code; an enum
+    member by its class and name (``Mode.A`` is not ``Mode.B``)."""
+    if isinstance(value, enum.Enum):
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     module = getattr(value, "__module__", None) or type(value).__module__
     name = getattr(value, "__qualname__", None) or type(value).__qualname__
     code = getattr(value, "__code__", None)
@@ -52,6 +47,7 @@ def describe(value: Any) -> str:
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ROOT = re.compile(r"G\['([^']+)'\]")
 
 
 def code_digest(code: types.CodeType) -> str:
@@ -106,19 +102,30 @@ def verify(described: dict[str, str], scope: dict[str, Any]) -> str | None:
 
 
 class Pins:
-    """The pins of one precompiled function, checked by identity in this process."""
+    """The pins of one precompiled function, checked by identity in this process.
+
+    All sources are compiled into one expression, evaluated once per check: a check costs one
+    ``eval`` and an attribute walk and identity comparison per pin."""
 
     def __init__(self, scope: dict[str, Any]) -> None:
         self.scope = scope
         self._objects: dict[str, Any] = {}
+        self._code: types.CodeType | None = None
+        self._namespace = {"__builtins__": builtins, "G": _Globals(scope)}
 
     def __len__(self) -> int:
         return len(self._objects)
+
+    @property
+    def watching(self) -> bool:
+        """Whether there is anything to check."""
+        return self._code is not None
 
     def add(self, pins: dict[str, Any]) -> None:
         """Pins seen while tracing (source -> object); the first object per source is kept."""
         for source, value in pins.items():
             self._objects.setdefault(source, value)
+        self._compile()
 
     def add_current(self, sources: Any) -> None:
         """Pins restored with an entry (verified): what they name now."""
@@ -126,14 +133,46 @@ class Pins:
             value = _evaluate(source, self.scope)
             if value is not _MISSING:
                 self._objects.setdefault(source, value)
+        self._compile()
+
+    def _compile(self) -> None:
+        if not self._objects:
+            return
+        sources = list(self._objects)
+        # One expression, ``(<pin 0>) is _0 and (<pin 1>) is _1 and ...``: no tuple, no loop.
+        for i, source in enumerate(sources):
+            self._namespace[f"_{i}"] = self._objects[source]
+        self._code = compile(" and ".join(f"({source}) is _{i}" for i, source in enumerate(sources)),
+                             "<compile_cache pins>", "eval")
+        # The roots (``G['torch']``, ``G['__import_<module>']``) are Python modules: objects that
+        # stay what they are, so they are looked up once; what a pin checks is reached from them
+        # by attribute, at every check. A root that is not a module is looked up every time.
+        roots: dict[str, Any] | None = {}
+        for source in sources:
+            for key in _ROOT.findall(source):
+                value = _evaluate(f"G[{key!r}]", self.scope)
+                if not inspect.ismodule(value):
+                    roots = None
+                    break
+                roots[key] = value  # type: ignore[index]
+            if roots is None:
+                break
+        self._namespace["G"] = roots if roots is not None else _Globals(self.scope)
 
     def changed(self) -> str | None:
         """None while every pin names the object it named when traced, else which one moved."""
+        if self._code is None:
+            return None
+        try:
+            if eval(self._code, self._namespace):  # noqa: S307 - Dynamo's own guard sources
+                return None
+        except Exception:  # noqa: BLE001 - one source no longer resolves: find which below
+            pass
         for source, value in self._objects.items():
-            now = _evaluate(source, self.scope)
-            if now is not value:
-                found = "nothing" if now is _MISSING else describe(now)
-                return f"{source} was rebound after compiling (now {found}, was {describe(value)})"
+            found = _evaluate(source, self.scope)
+            if found is not value:
+                text = "nothing" if found is _MISSING else describe(found)
+                return f"{source} was rebound after compiling (now {text}, was {describe(value)})"
         return None
 
     def described(self) -> dict[str, str]:

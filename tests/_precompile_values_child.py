@@ -1,0 +1,404 @@
+"""Child process of tests/test_precompile_values.py: a precompiled entry must prove the values and
+classes it was traced under, on one node.
+
+    python _precompile_values_child.py STORE PHASE [CASE,...]    PHASE: publish | load
+
+Each case writes its model's module (``cc_values_<case>``) into this node's TMPDIR, from a source
+that may differ between the publishing node and the loading node (an edited setting, another base
+class, an added override), imports it, may change a value at run time before compiling (as a
+config file, a command-line flag or ``os.environ`` would), and compares every call of
+``compile_regions(model, cache_dir=STORE, precompile=True)`` (Inductor) with eager. Prints one line
+``CASE {json}`` per case: the largest difference from eager per call, Dynamo frames traced,
+precompile entries loaded, the report's per-group outcome and the precompile warnings.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import sys
+import textwrap
+import traceback
+import warnings
+
+import torch
+from torch._dynamo.utils import counters
+
+import compile_cache
+
+STORE, PHASE = sys.argv[1], sys.argv[2]
+LOAD = PHASE == "load"
+D = 16
+X = torch.randn(4, D, generator=torch.Generator().manual_seed(0))
+MODULES = os.path.join(os.environ["TMPDIR"], "cc_modules")
+os.makedirs(MODULES, exist_ok=True)
+sys.path.insert(0, MODULES)
+
+HEADER = """
+import enum
+import torch
+from torch import nn
+
+D = 16
+"""
+
+
+def module(case: str, source: str):
+    """Write and import this node's version of the case's model module."""
+    name = f"cc_values_{case}"
+    with open(os.path.join(MODULES, name + ".py"), "w") as f:
+        f.write(HEADER + textwrap.dedent(source))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def maxdiff(a, b) -> float:
+    return float((a - b).abs().max())
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, blocks) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Case:
+    def __init__(self, name: str) -> None:
+        self.rec = {"case": name, "phase": PHASE, "diffs": {}, "reports": []}
+        self.frames0 = counters["frames"]["ok"]
+        self.hits0 = counters["dynamo_cache"]["dynamo_cache_hit"]
+        self._warnings = warnings.catch_warnings(record=True)
+        self._reports = []
+
+    def __enter__(self) -> Case:
+        self.caught = self._warnings.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def model(self, block_cls, n: int = 2):
+        torch.manual_seed(0)
+        model = Stack([block_cls() for _ in range(n)])
+        return model, copy.deepcopy(model)
+
+    def compile(self, model, **kwargs):
+        compile_cache.compile_regions(model, cache_dir=STORE, precompile=True, **kwargs)
+        self._reports.append(compile_cache.last_report())
+        return model
+
+    def check(self, label: str, got, want) -> None:
+        self.rec["diffs"][label] = maxdiff(got, want)
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        self._warnings.__exit__(None, None, None)
+        if exc is not None:
+            self.rec["error"] = f"{kind.__name__}: {exc}"
+            self.rec["traceback"] = "".join(traceback.format_exception(kind, exc, tb))[-3000:]
+        compile_cache.session.flush(60)
+        self.rec["frames_traced"] = counters["frames"]["ok"] - self.frames0
+        self.rec["dynamo_cache_hits"] = counters["dynamo_cache"]["dynamo_cache_hit"] - self.hits0
+        self.rec["reports"] = [{"groups": r.precompile_groups, "published_packs": r.published_packs,
+                                "restored_packs": r.restored_packs} for r in self._reports]
+        self.rec["warnings"] = [str(w.message) for w in self.caught
+                                if issubclass(w.category, compile_cache.RegionPrecompileWarning)]
+        print("CASE " + json.dumps(self.rec), flush=True)
+        return True
+
+
+def run(name: str, source: str, before=None, calls=("fwd",), **compile_kwargs) -> None:
+    """The common case: build, maybe change a value at run time, compile, compare each call."""
+    with Case(name) as c:
+        mod = module(name, source)
+        if before is not None:
+            before(mod)
+        model, ref = c.model(mod.Block)
+        c.compile(model, **compile_kwargs)
+        with torch.no_grad():
+            for label in calls:
+                c.check(label, model(X), ref(X))
+
+
+# ------------------------------------------------------------ values read through a module
+
+
+ACTIVATION = """
+MODE = "{mode}"
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.tanh(y) if MODE == "tanh" else torch.sigmoid(y) * 3
+"""
+
+
+def case_global_edited() -> None:
+    """A module-level string edited between the two runs."""
+    run("global_edited", ACTIVATION.format(mode="sigmoid" if LOAD else "tanh"))
+
+
+def case_global_runtime() -> None:
+    """The same setting, set at run time before compile_regions (a flag, os.environ)."""
+    run("global_runtime", ACTIVATION.format(mode="tanh"),
+        before=(lambda mod: setattr(mod, "MODE", "sigmoid")) if LOAD else None)
+
+
+def case_global_numbers() -> None:
+    """A module-level float and int, set at run time on the fresh node."""
+    source = """
+    SCALE = 2.0
+    SHIFT = 1
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return torch.roll(torch.tanh(self.lin(x)), SHIFT, dims=-1) * SCALE
+    """
+
+    def before(mod) -> None:
+        mod.SCALE, mod.SHIFT = 5.0, 3
+
+    run("global_numbers", source, before=before if LOAD else None)
+
+
+def case_global_enum() -> None:
+    """A global enum member, compared by ``.value`` and by identity."""
+    source = """
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    CURRENT = Mode.A
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x) * (2.0 if CURRENT.value == 1 else -3.0)
+            return torch.tanh(y) if CURRENT is Mode.A else torch.sigmoid(y)
+    """
+    run("global_enum", source, before=(lambda mod: setattr(mod, "CURRENT", mod.Mode.B)) if LOAD else None)
+
+
+def case_shared_module() -> None:
+    """An attribute of a global module instance (a shared LayerNorm's eps)."""
+    source = """
+    SHARED = nn.LayerNorm(D)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return SHARED(self.lin(x))
+    """
+    run("shared_module", source, before=(lambda mod: setattr(mod.SHARED, "eps", 10.0)) if LOAD else None)
+
+
+def case_config_default() -> None:
+    """A config class's class-level default: read through the global class, and through an
+    instance of it that the block holds (its class is pickled by reference)."""
+    source = """
+    class Config:
+        act = "tanh"
+        scale = 1.0
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+            self.cfg = Config()
+
+        def forward(self, x):
+            y = self.lin(x) * self.cfg.scale
+            return torch.tanh(y) if Config.act == "tanh" else torch.sigmoid(y)
+    """
+
+    def before(mod) -> None:
+        mod.Config.act, mod.Config.scale = "sigmoid", 4.0
+
+    run("config_default", source, before=before if LOAD else None)
+
+
+# ------------------------------------------------------------------ values and code of classes
+
+
+CLASS_VALUE = """
+class Block(nn.Module):
+    kind = "{kind}"
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.tanh(y) if self.kind == "tanh" else torch.sigmoid(y) * 3
+"""
+
+
+def case_class_attr_edited() -> None:
+    run("class_attr_edited", CLASS_VALUE.format(kind="sigmoid" if LOAD else "tanh"))
+
+
+def case_class_attr_runtime() -> None:
+    run("class_attr_runtime", CLASS_VALUE.format(kind="tanh"),
+        before=(lambda mod: setattr(mod.Block, "kind", "sigmoid")) if LOAD else None)
+
+
+def case_base_class() -> None:
+    """Another base class on the fresh node: same class name, same forward."""
+    source = """
+    class Tanh:
+        def act(self, y):
+            return torch.tanh(y)
+
+    class Sigmoid:
+        def act(self, y):
+            return torch.sigmoid(y) * 3
+
+    class Block({base}, nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return self.act(self.lin(x))
+    """
+    run("base_class", source.format(base="Sigmoid" if LOAD else "Tanh"))
+
+
+def case_override_added() -> None:
+    """An override added below forward on the fresh node."""
+    source = """
+    class Base(nn.Module):
+        def act(self, y):
+            return torch.tanh(y)
+
+    class Block(Base):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return self.act(self.lin(x))
+    {override}
+    """
+    override = ("\n        def act(self, y):\n            return torch.sigmoid(y) * 3\n"
+                if LOAD else "")
+    run("override_added", source.format(override=override))
+
+
+def case_rebound_class_function() -> None:
+    """A class-level staticmethod rebound at run time on the fresh node."""
+    source = """
+    def tanh(y):
+        return torch.tanh(y)
+
+    def sigmoid(y):
+        return torch.sigmoid(y) * 3
+
+    class Block(nn.Module):
+        helper = staticmethod(tanh)
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return self.helper(self.lin(x))
+    """
+    run("rebound_class_function", source,
+        before=(lambda mod: setattr(mod.Block, "helper", staticmethod(mod.sigmoid))) if LOAD else None)
+
+
+# -------------------------------------------------------------------------- entries and calls
+
+
+def case_two_graphs() -> None:
+    """The publisher runs with two values of a global (two graphs in one entry); the fresh node
+    starts with the second: only its graph may be installed, and nothing is traced."""
+    with Case("two_graphs") as c:
+        mod = module("two_graphs", ACTIVATION.format(mode="tanh"))
+        if LOAD:
+            mod.MODE = "sigmoid"
+        model, ref = c.model(mod.Block)
+        c.compile(model)
+        with torch.no_grad():
+            c.check("first", model(X), ref(X))
+            if not LOAD:
+                mod.MODE = "sigmoid"
+                c.check("second", model(X), ref(X))
+
+
+def case_direct_call_after_patch() -> None:
+    """A module-level function monkeypatched after the first forward, then a block called
+    directly (not through the model): the pin is checked at every region call."""
+    source = """
+    def act(y):
+        return torch.tanh(y)
+
+    def other(y):
+        return torch.sigmoid(y) * 3
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return act(self.lin(x))
+    """
+    with Case("direct_call_after_patch") as c:
+        mod = module("direct_call_after_patch", source)
+        model, ref = c.model(mod.Block)
+        c.compile(model)
+        with torch.no_grad():
+            c.check("model", model(X), ref(X))
+            mod.act = mod.other
+            c.check("block_direct", model.blocks[0](X), ref.blocks[0](X))
+            c.check("model_after", model(X), ref(X))
+
+
+PLAIN = """
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) + x
+"""
+
+
+def case_mode_default() -> None:
+    run("mode_default", PLAIN, mode="default")
+
+
+def case_mode_max_autotune() -> None:
+    run("mode_max_autotune", PLAIN, mode="max-autotune-no-cudagraphs")
+
+
+CASES = ["global_edited", "global_runtime", "global_numbers", "global_enum", "shared_module",
+         "config_default", "class_attr_edited", "class_attr_runtime", "base_class",
+         "override_added", "rebound_class_function", "two_graphs", "direct_call_after_patch",
+         "mode_default", "mode_max_autotune"]
+
+if __name__ == "__main__":
+    for name in (sys.argv[3].split(",") if len(sys.argv) > 3 else CASES):
+        globals()[f"case_{name}"]()

@@ -1,0 +1,167 @@
+"""A precompiled entry proves the values and classes it was traced under, across two processes
+(compile_cache.torch_compat.precompile_values, compile_cache.fingerprint.class_lineage, the pins).
+
+Torch rebuilds a loaded entry's guards from the loading process: a value read through a module
+or a class is compared with itself, and a class is matched by name. Each case here publishes from
+one node, then runs on a fresh node (new TMPDIR, HOME, XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR and
+TRITON_CACHE_DIR) whose code or run-time values changed (tests/_precompile_values_child.py). Every
+call is compared with eager on both nodes: before this check existed, each changed case loaded the
+publisher's graph and was 0.9 to 3.6 away from eager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compile_cache.torch_compat.precompile_values import ValueRecorder, describe_value, graph_digest
+
+CHILD = Path(__file__).with_name("_precompile_values_child.py")
+
+
+def _fresh_node(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCH_"))}
+    for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
+                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(root / sub)
+    env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(store), phase], env=_fresh_node(root),
+        capture_output=True, text=True, timeout=1500, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    cases = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("CASE ")]
+    return {c["case"]: c for c in cases}
+
+
+@pytest.fixture(scope="session")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("precompile_values")
+    store = tmp / "store"
+    publish = _run_node(tmp / "node-a", store, "publish")
+    load = _run_node(tmp / "node-b", store, "load")
+    return {"publish": publish, "load": load}
+
+
+def _groups(case: dict[str, Any]) -> list[dict[str, str]]:
+    return [g for report in case["reports"] for g in report["groups"].values()]
+
+
+def _matches_eager(case: dict[str, Any]) -> None:
+    assert "error" not in case, case.get("traceback")
+    assert case["diffs"] and all(d < 1e-5 for d in case["diffs"].values()), case["diffs"]
+
+
+#: Read through a module (a setting edited or set at run time, a global module's attribute, a
+#: config class's default): the graph's recorded value differs, so it is not installed.
+THROUGH_A_MODULE = ["global_edited", "global_runtime", "global_numbers", "shared_module",
+                    "config_default"]
+#: The class changed (a class value, another base, an added override, a class function
+#: rebound): the class lineage is in the entry's name, so the publisher's entry is not found.
+CLASS_CHANGED = ["class_attr_edited", "class_attr_runtime", "base_class", "override_added",
+                 "rebound_class_function"]
+
+
+@pytest.mark.parametrize("name", THROUGH_A_MODULE + CLASS_CHANGED + ["global_enum"])
+def test_a_changed_value_or_class_never_loads_the_publishers_graph(
+    nodes: dict[str, Any], name: str
+) -> None:
+    publish, load = nodes["publish"][name], nodes["load"][name]
+    _matches_eager(publish)
+    assert [g["status"] for g in _groups(publish)] == ["new"] and publish["warnings"] == []
+    _matches_eager(load)
+    assert load["frames_traced"] >= 1 and load["dynamo_cache_hits"] == 0, load
+    (group,) = _groups(load)
+    if name == "global_enum":  # the pin on the enum member names another member
+        assert group["status"] == "declined" and "Mode.B" in group["reason"], group
+    else:  # traced again on this node, with precompile: its entry is published for it
+        assert group["status"] == "new", group
+        assert load["reports"][0]["published_packs"] >= 1
+
+
+def test_an_entry_with_two_graphs_installs_only_the_one_traced_for_the_live_value(
+    nodes: dict[str, Any],
+) -> None:
+    """The publisher traced MODE='tanh' then MODE='sigmoid' into one entry; the fresh node starts
+    with 'sigmoid': the 'tanh' graph would match first if torch rebuilt both guards."""
+    publish, load = nodes["publish"]["two_graphs"], nodes["load"]["two_graphs"]
+    _matches_eager(publish)
+    assert set(publish["diffs"]) == {"first", "second"} and publish["frames_traced"] == 2
+    _matches_eager(load)
+    assert [g["status"] for g in _groups(load)] == ["loaded"]
+    assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+
+
+@pytest.mark.parametrize("phase", ["publish", "load"])
+def test_a_block_called_directly_after_a_monkeypatch_runs_the_new_code(
+    nodes: dict[str, Any], phase: str
+) -> None:
+    """The pins are checked at every region call, not once per model forward."""
+    case = nodes[phase]["direct_call_after_patch"]
+    _matches_eager(case)
+    assert set(case["diffs"]) == {"model", "block_direct", "model_after"}
+    (group,) = _groups(case)
+    assert group["status"] == "declined" and "rebound after compiling" in group["reason"]
+    assert len(case["warnings"]) == 1
+
+
+@pytest.mark.parametrize("name", ["mode_default", "mode_max_autotune"])
+def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None:
+    publish, load = nodes["publish"][name], nodes["load"][name]
+    for case in (publish, load):
+        _matches_eager(case)
+        assert case["warnings"] == []
+    assert [g["status"] for g in _groups(publish)] == ["new"]
+    assert [g["status"] for g in _groups(load)] == ["loaded"]
+    assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+
+
+# ----------------------------------------------------------------------- in process, no Inductor
+
+
+def test_value_descriptions_tell_values_apart_and_skip_what_is_not_a_value() -> None:
+    import enum
+
+    import torch
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    assert describe_value("CONSTANT_MATCH", "tanh", "x") != describe_value("CONSTANT_MATCH", "sigmoid", "x")
+    assert describe_value("CONSTANT_MATCH", 1, "x") != describe_value("CONSTANT_MATCH", 1.0, "x")
+    assert describe_value("EQUALS_MATCH", True, "x") != describe_value("EQUALS_MATCH", 1, "x")
+    assert describe_value("EQUALS_MATCH", Mode.A, "x") != describe_value("EQUALS_MATCH", Mode.B, "x")
+    assert describe_value("EQUALS_MATCH", (1, "a"), "x") == "tuple:[int:1,str:'a']"
+    assert describe_value("EQUALS_MATCH", torch.float16, "x") != describe_value(
+        "EQUALS_MATCH", torch.bfloat16, "x")
+    assert describe_value("DICT_KEYS_MATCH", {"a": 1}, "x") != describe_value(
+        "DICT_KEYS_MATCH", {"b": 1}, "x")
+    assert describe_value("SEQUENCE_LENGTH", [1, 2], "x") == "len:2"
+    assert describe_value("CONSTANT_MATCH", object(), "x") is None
+    assert describe_value("TYPE_MATCH", 3, "x") is None
+    tensor = torch.zeros(2)
+    assert describe_value("TENSOR_MATCH", tensor, "L['x']") is None  # pickled with the entry
+    assert describe_value("TENSOR_MATCH", tensor, "G['W']") != describe_value(
+        "TENSOR_MATCH", torch.zeros(3), "G['W']")
+
+
+def test_a_frames_values_are_filed_under_the_graph_added_next() -> None:
+    recorder = ValueRecorder()
+    recorder.frame({"G['m'].MODE": "str:'tanh'"})
+    recorder.frame({"G['m'].MODE": "str:'sigmoid'"})  # the first frame's compile failed
+    recorder.graph_added(b"graph-1")
+    recorder.graph_added(b"graph-2")  # added without a filter run: no record
+    assert recorder.records_for([graph_digest(b"graph-1"), graph_digest(b"graph-2")]) == {
+        graph_digest(b"graph-1"): {"G['m'].MODE": "str:'sigmoid'"}}
