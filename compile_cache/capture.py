@@ -173,6 +173,7 @@ def resolve(found: Usage, held: Mapping[str, set[str | None]]
     incomplete libraries are left out of both (the restoring process compiles them again)."""
     digests: dict[str, str] = {}
     members: dict[str, bytes] = {}
+    always = set(found.always)
     for member, candidate in found.candidates.items():
         data = None
         digest = candidate.digest
@@ -183,6 +184,12 @@ def resolve(found: Usage, held: Mapping[str, set[str | None]]
             digest = _sha256(data)
         if generations.holds(held, member, digest):
             digests[member] = digest
+            continue
+        # An ISA probe library is named by torch's hash of its source and flags; its bytes
+        # differ between nodes only by the paths the compiler embeds: the store's copy serves.
+        same_name = sorted(d for d in held.get(member, ()) if d is not None) if member in always else []
+        if same_name:
+            digests[member] = same_name[0]
             continue
         if data is None:
             data = candidate.read()

@@ -251,3 +251,22 @@ def test_a_groups_decode_entry_is_its_own_unit_that_a_restore_of_the_group_bring
     assert units == {("region_A", "dynamo-precompile#0"): ["dynamo/a/entry"],
                      ("region_A", "dynamo-precompile-views#0"): ["dynamo/v/entry"]}
     assert capture.precompile_unit("region_A") == ("region_A", "dynamo-precompile#0")
+
+
+def test_an_isa_probe_library_the_store_holds_under_its_name_is_not_published_again() -> None:
+    """A second job whose probe built its own copy (the same source and flags, other embedded
+    paths: other bytes) publishes nothing for it; a kernel with other bytes still goes."""
+    from compile_cache import capture
+
+    def candidate(member: str, data: bytes) -> capture.Candidate:
+        return capture.Candidate(member, None, lambda: data)
+
+    probe, kernel = "inductor/th/cthprobe.so", "inductor/ab/cabkernel.so"
+    found = capture.Usage({probe: candidate(probe, b"probe built here"),
+                           kernel: candidate(kernel, b"kernel built here")},
+                          [], [probe], 1)
+    held = {probe: {"digest-of-the-publishers-copy"}, kernel: {"digest-of-another-kernel"}}
+    members, manifest = capture.resolve(found, held)
+    assert set(members) == {kernel}
+    assert manifest["digests"][probe] == "digest-of-the-publishers-copy"
+    assert manifest["always"] == [probe]
