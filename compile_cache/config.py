@@ -226,11 +226,13 @@ BACKEND = _register(Variable(
 ))
 #: Whether ``compile_regions(precompile=None)`` uses precompile when ``COMPILE_CACHE_PRECOMPILE``
 #: is unset: the one place the default is decided (the default alone applies to Inductor only).
-#: Off while a loaded entry cannot prove the values its graphs were traced under: torch rebuilds
-#: a loaded entry's guards from the loading process, so a value read through a module or a class
-#: (a module-level setting, a class attribute) is compared with itself (issue 30: 14 cases
-#: silently wrong on a fresh node, 0 with precompile off).
-PRECOMPILE_DEFAULT = False
+#: Precompile is never wrong (what it cannot keep exactly compiles without it, warned and
+#: counted: tests/test_precompile.py; a loaded entry proves the values and classes it was traced
+#: under: tests/test_precompile_values.py), and a fresh node that restores it skips Dynamo's
+#: trace (bench_cold_start.py "cc node" against "cc plain node"). A precompile hit makes no
+#: FX-graph cache lookup: what counts a hit counts its loaded entries
+#: (``CacheReport.precompile_hits``).
+PRECOMPILE_DEFAULT = True
 
 PRECOMPILE = _register(Variable(
     "COMPILE_CACHE_PRECOMPILE", "bool", PRECOMPILE_DEFAULT,
