@@ -88,6 +88,8 @@ class PrecompileEvent:
     status: str
     detail: str = ""
     persist: bool = False
+    #: Graphs of the restored entry not installed (values not proven here): traced again.
+    unproven: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +201,14 @@ class GroupPrecompiler:
                     fn, compile_kwargs, declined=declined, record=_record_of(record))
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
-        status, detail = pf.status, pf.declined or ""
+        if pf.status == "unused":
+            pf.on_first_trace(lambda f: self._event(PrecompileEvent(
+                code_name, label, name, "new", _unproven_detail(f))))
+        status, detail = pf.status, pf.declined or _unproven_detail(pf)
         if pf.load_error and status != "failed":
             self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
-        self._event(PrecompileEvent(code_name, label, name, status, detail))
+        self._event(PrecompileEvent(code_name, label, name, status, detail,
+                                    unproven=len(pf.dropped_graphs)))
         if status == "failed" or (status == "declined" and self.setup.explicit):
             self._declines.setdefault(detail, []).append(label)
         elif status == "declined":
@@ -306,8 +312,8 @@ class PrecompileTracker:
             if not pf.reload(_record_of(self.records.get(pf.fn.__qualname__))):
                 continue
             group = self.report.precompile_groups.setdefault(code_name, {"label": code_name})
-            group.update(status=pf.status, reason=pf.declined or "")
-            self._count(pf.status)
+            group.update(status=pf.status, reason=pf.declined or _unproven_detail(pf))
+            self._count(pf.status, unproven=len(pf.dropped_graphs))
             if pf.declined:
                 _warnings.warn(f"compile_cache: precompile is off for {group['label']}: "
                                f"{pf.declined}. Compiled normally instead.", RegionPrecompileWarning)
@@ -325,11 +331,6 @@ class PrecompileTracker:
         get. The publisher reads the files, off the training step."""
         out: dict[str, str] = {}
         for code_name, pf in self.functions.items():
-            group = self.report.precompile_groups.get(code_name)
-            if group is not None and group.get("status") in ("new", "unused"):
-                # "new" only once something was traced (a decode-steps entry of a model that
-                # never decodes stays "unused")
-                group["status"] = "new" if pf.traced else "unused"
             failed = pf.take_save_error()
             if failed is not None:
                 on_error("precompile", f"saving the entry of {code_name}: {failed}")
@@ -363,9 +364,12 @@ class PrecompileTracker:
                 label=event.label, status=event.status, reason=event.detail)
         if event.persist:
             self._new[event.entry] = {"declined": event.detail}
-        self._count(event.status)
+        self._count(event.status, unproven=event.unproven)
 
-    def _count(self, status: str) -> None:
+    def _count(self, status: str, unproven: int = 0) -> None:
+        if unproven:
+            self.report.precompile_unproven += unproven
+            record_precompile(self.store, unproven=unproven)
         if status == "loaded":
             self.report.precompile_hits += 1
             record_precompile(self.store, hits=1)
@@ -375,6 +379,13 @@ class PrecompileTracker:
         elif status in ("failed", "load_error"):
             self.report.precompile_load_errors += 1
             record_precompile(self.store, load_errors=1)
+
+
+def _unproven_detail(pf: pc.PrecompiledFunction) -> str:
+    if not pf.dropped_graphs:
+        return ""
+    return (f"{len(pf.dropped_graphs)} restored graph(s) not installed, traced again: "
+            + "; ".join(pf.dropped_graphs))
 
 
 def _record_of(record: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -48,6 +48,9 @@ class CacheReport:
     precompile_hits: int = 0
     precompile_declined: int = 0
     precompile_load_errors: int = 0
+    #: Graphs of restored precompile entries not installed (traced again): their recorded
+    #: values differ here, or could not be proven (the groups' ``reason`` says which).
+    precompile_unproven: int = 0
 
     @property
     def hit(self) -> bool:

@@ -12,32 +12,22 @@ publisher's graph and was 0.9 to 3.6 away from eager.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fresh_node_env
 
 from compile_cache.torch_compat.precompile_values import ValueRecorder, describe_value, graph_digest
 
 CHILD = Path(__file__).with_name("_precompile_values_child.py")
 
 
-def _fresh_node(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCH_"))}
-    for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
-                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        env[name] = str(root / sub)
-    env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
-    return env
-
-
 def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, str(CHILD), str(store), phase], env=_fresh_node(root),
+        [sys.executable, str(CHILD), str(store), phase], env=fresh_node_env(root),
         capture_output=True, text=True, timeout=1500, check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -88,6 +78,9 @@ def test_a_changed_value_or_class_never_loads_the_publishers_graph(
     else:  # traced again on this node, with precompile: its entry is published for it
         assert group["status"] == "new", group
         assert load["reports"][0]["published_packs"] >= 1
+    if name in THROUGH_A_MODULE:  # the entry was found, its graph did not prove its values
+        assert load["reports"][0]["unproven"] == 1
+        assert "not installed" in group["reason"] and "traced with" in group["reason"], group
 
 
 def test_an_entry_with_two_graphs_installs_only_the_one_traced_for_the_live_value(
@@ -101,6 +94,7 @@ def test_an_entry_with_two_graphs_installs_only_the_one_traced_for_the_live_valu
     _matches_eager(load)
     assert [g["status"] for g in _groups(load)] == ["loaded"]
     assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+    assert load["reports"][0]["unproven"] == 1  # the 'tanh' graph
 
 
 @pytest.mark.parametrize("phase", ["publish", "load"])

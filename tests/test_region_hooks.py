@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from _region_models import Block, SeqModel
+from conftest import fresh_node_env
 from torch.nn.modules.module import register_module_forward_hook
 
 from compile_cache import compile_regions
@@ -150,21 +151,12 @@ def test_a_retrace_with_the_hooks_stays_compiled(counting_backend):
 # ------------------------------------------------- two processes, Inductor, with and without precompile
 
 
-def _fresh_node(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCH_"))}
-    for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
-                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        env[name] = str(root / sub)
-    env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parent), str(CHILD.parents[1]),
-                                         env.get("PYTHONPATH", "")])
-    return env
-
-
 def _start(root: Path, store: Path, phase: str, precompile: bool) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(store), phase, "1" if precompile else "0"],
-        env=_fresh_node(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=fresh_node_env(root, PYTHONPATH=os.pathsep.join(
+            [str(CHILD.parent), str(CHILD.parents[1]), os.environ.get("PYTHONPATH", "")])),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 

@@ -211,7 +211,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Compile time spent", f"{s['compile_seconds']:.1f} s"),
         ("Compile time saved", f"{s['seconds_saved']:.1f} s (estimated)"),
         ("Precompile", f"{s['precompile_hits']} hits, {s['precompile_declined']} declined, "
-                       f"{s['precompile_load_errors']} load errors (region groups)"),
+                       f"{s['precompile_load_errors']} load errors (region groups), "
+                       f"{s['precompile_unproven']} graphs traced again (values changed since)"),
         ("Evicted", f"{s['evictions']} entries, {format_size(s['evicted_bytes'])}"),
         ("Cache size", used),
     ]

@@ -83,6 +83,7 @@ COUNTERS: tuple[str, ...] = (
     "precompile_hits",
     "precompile_declined",
     "precompile_load_errors",
+    "precompile_unproven",
     # a store on object storage (compile_cache.store.remote)
     "remote_errors",
     "remote_downloads",
@@ -161,11 +162,12 @@ def _bump(store: Store, delta: Mapping[str, Any]) -> None:
 
 
 def record_precompile(store: Store, *, hits: int = 0, declined: int = 0,
-                      load_errors: int = 0) -> None:
-    """Count region groups whose precompile entry loaded, declined, or failed to load
-    (:mod:`compile_cache.precompiled`)."""
+                      load_errors: int = 0, unproven: int = 0) -> None:
+    """Count region groups whose precompile entry loaded, declined, or failed to load, and the
+    graphs of loaded entries not installed because they could not prove the values they were
+    traced under (:mod:`compile_cache.precompiled`)."""
     bump(store, {"precompile_hits": hits, "precompile_declined": declined,
-                 "precompile_load_errors": load_errors})
+                 "precompile_load_errors": load_errors, "precompile_unproven": unproven})
 
 
 def saved_seconds(store: Store, key: str) -> float:

@@ -193,6 +193,7 @@ class PrecompiledFunction:
         self.loaded = False
         self.package: Any = None
         self._listeners: list[Callable[[PrecompiledFunction], None]] = []
+        self._trace_listeners: list[Callable[[PrecompiledFunction], None]] = []
         self._configs = dynamo_config, functorch_config
         #: The code object Dynamo caches the running compile under (guard failures, entries).
         self.code: types.CodeType = fn.__code__
@@ -312,14 +313,21 @@ class PrecompiledFunction:
     # -- state ---------------------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """``loaded``, ``new``, ``failed`` (an entry did not load) or ``declined``."""
+        """``loaded``, ``new`` (traced here, saved for the next start), ``unused`` (no entry
+        loaded and nothing traced yet), ``failed`` (an entry did not load) or ``declined``."""
         if self.declined is not None:
             return "failed" if self.load_error is not None else "declined"
-        return "loaded" if self.loaded else "new"
+        if self.loaded:
+            return "loaded"
+        return "new" if self.traced else "unused"
 
     def on_decline(self, listener: Callable[[PrecompiledFunction], None]) -> None:
         """Call ``listener(self)`` when a later call declines precompile."""
         self._listeners.append(listener)
+
+    def on_first_trace(self, listener: Callable[[PrecompiledFunction], None]) -> None:
+        """Call ``listener(self)`` when a call traces while the status is ``unused``."""
+        self._trace_listeners.append(listener)
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -361,7 +369,12 @@ class PrecompiledFunction:
                     self._pins_seen = len(self.report.pins)
                     self.pins.add(self.report.pins)
                 if _counter_frames() != traced:  # this call compiled: its entry is saved now,
+                    first = bool(self._trace_listeners)
                     self._save_after_compile()  # as part of the compile, not in a step's hook
+                    if first:
+                        for listener in self._trace_listeners:
+                            listener(self)
+                        self._trace_listeners = []
                 return out
             # A frame ran eagerly (its guards could not be saved, or its compile failed: torch
             # logged why): the output is right; compile without precompile from now on.
