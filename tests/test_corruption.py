@@ -421,17 +421,17 @@ def test_a_load_racing_an_eviction_is_a_miss_never_a_part_of_the_entry(env, monk
     assert len(store.layout.pack_paths(report.key)) == 2
     from compile_cache.store import loading, maintenance
 
-    real_open = loading.open_nofollow
+    real_open = loading.open_pack_path
     opened = []
 
-    def evicting_open(path):
-        fh = real_open(path)
+    def evicting_open(store_, path):
+        fh = real_open(store_, path)
         opened.append(path)
         if len(opened) == 1:  # another process evicts the entry between our two opens
             maintenance.remove_entry_dir(store, store.layout.entry_dir(report.key))
         return fh
 
-    monkeypatch.setattr(loading, "open_nofollow", evicting_open)
+    monkeypatch.setattr(loading, "open_pack_path", evicting_open)
     assert store.load(report.key) == []  # not the first pack alone: the entry is gone, a miss
     monkeypatch.undo()
     clean_env(monkeypatch, store_path.parent)
@@ -448,16 +448,16 @@ def test_a_pack_vanishing_mid_load_is_listed_again_not_half_restored(env, monkey
     first, second = store.layout.pack_paths(report.key)
     from compile_cache.store import loading
 
-    real_open = loading.open_nofollow
+    real_open = loading.open_pack_path
     calls = []
 
-    def quarantining_open(path):
+    def quarantining_open(store_, path):
         calls.append(path)
         if len(calls) == 2:  # a verify --fix elsewhere sets the second pack aside meanwhile
             store._quarantine(second, report.key)
-        return real_open(path)
+        return real_open(store_, path)
 
-    monkeypatch.setattr(loading, "open_nofollow", quarantining_open)
+    monkeypatch.setattr(loading, "open_pack_path", quarantining_open)
     packs = store.load(report.key)
     assert [p.info.path for p in packs] == [first]  # the listing as it is now, read again
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -163,11 +164,18 @@ def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
     """The holder recorded in a lock file or lock directory; ``None`` if absent or unreadable."""
     path = Path(lock_path)
     target = path / OWNER_FILE if path.is_dir() else path
-    try:
-        with open(target, encoding="utf-8", errors="replace") as fh:
-            return LockHolder.parse(fh.read(200))
+    try:  # non-blocking, no link: a FIFO planted as a lock record never hangs its reader
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return LockHolder.parse(os.read(fd, 200).decode("utf-8", errors="replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class _Heartbeat:

@@ -10,18 +10,16 @@ taken again; an entry that vanished is a miss, never a part of it), then checked
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._paths import check_key
-from ..errors import CorruptPackError, UnsafePathError
-from ._io import open_nofollow, torch_version, warn_once
+from ..errors import CorruptPackError, UnsafeStorePathError
+from ._io import torch_version, warn_once
 from .members import BadMemberError, member_problem
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .reader import CheckedPack, PackMembers, open_pack_file
 from .records import Pack, PackInfo
-from .safety import trust_problem
 
 if TYPE_CHECKING:
     from .core import Store
@@ -91,6 +89,9 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
     for _attempt in range(attempts):
         try:
             paths = store.layout.pack_paths(key, strict=True)
+        except UnsafeStorePathError as exc:  # a link on the way: refused, never followed
+            _untrusted(store, str(exc))
+            return None
         except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
             store._io_error("read", exc, store.layout.packs_dir(key))
             return None
@@ -102,48 +103,48 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
         vanished = False
         for path in paths:
             try:
-                fh = open_nofollow(path)
+                fh = open_pack_path(store, path)
             except FileNotFoundError:
                 vanished = True
                 break
-            except UnsafePathError as exc:
-                store._corrupt(path, key, exc)
+            except UnsafeStorePathError as exc:
+                if exc.reason == "trust":
+                    _untrusted(store, exc.strerror)
+                else:  # a link, a FIFO, a device where a pack should be: set aside
+                    store._corrupt(path, key, exc)
                 continue
             except OSError as exc:
                 store._io_error("read", exc, path)
-                continue
-            problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
-            if problem is not None:
-                fh.close()
-                _untrusted(store, problem.message)
                 continue
             opened.append((path, fh))
         if not vanished:
             return opened
         for _path, fh in opened:
             fh.close()
-        if not store.layout.entry_dir(key).is_dir():
+        if not store.fs.is_dir(store.layout.entry_dir(key)):
             return None  # evicted while we read it: a miss, not a part of it
     logger.info("compile cache: entry %s kept changing while it was read; a miss", key[:12])
     return None
 
+
+def open_pack_path(store: Store, path: Path) -> Any:
+    """Open one pack of the store for reading: no link followed, a regular file, trusted (see
+    :meth:`~.fs.StoreFS.open_read`). Tests replace it to race other processes."""
+    return store.fs.open_read(path, trust=True)
+
+
 def _entry_trusted(store: Store, key: str) -> bool:
-    """The directories from ``entries/`` down to the key's ``packs/`` may be trusted."""
-    entry = store.layout.entry_dir(key)
-    for directory in (entry.parent, entry, store.layout.packs_dir(key)):
-        try:
-            st = os.lstat(directory)
-        except OSError:
-            return True  # gone: the pack listing says so
-        if not os.path.isdir(directory) or os.path.islink(directory):
-            _untrusted(store, f"refusing to use compile cache directory {directory}: it is a "
-                            "symlink or not a directory")
-            return False
-        problem = trust_problem(st, directory, store.shared_group)
-        if problem is not None:
-            _untrusted(store, problem.message)
-            return False
-    return True
+    """The directories from the store root down to the key's ``packs/`` may be trusted (none
+    a link: :mod:`.fs` refuses those)."""
+    try:
+        with store.fs.directory(store.layout.packs_dir(key), trust=True):
+            return True
+    except UnsafeStorePathError as exc:
+        _untrusted(store, exc.strerror)
+        return False
+    except OSError:
+        return True  # gone, or unreadable: the pack listing says so
+
 
 def _untrusted(store: Store, message: str) -> None:
     warn_once(store.root, "untrusted", f"compile cache: {message}; treated as a miss")

@@ -6,8 +6,6 @@ quarantine and garbage objects are removed)."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance
-from ._io import MAX_JSON_BYTES, open_nofollow
+from ._io import MAX_JSON_BYTES, parse_json
 from .backend import TooLargeError
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .records import VerifyReport
@@ -69,7 +67,7 @@ def _check_object(tier: RemoteTier, store: Store, key: str, name: str, labels: A
     store._mkdirs(store.layout.tmp_dir)
     tmp = temp_path(store.layout.tmp_dir / f"verify-{name}.pack")
     try:
-        with open(tmp, "w+b") as out:
+        with store.fs.create(tmp, store.file_mode) as out:
             try:
                 tier.backend.download(tier.layout.pack_object(key, name), out, store.limits.max_pack_size)
             except FileNotFoundError:
@@ -87,13 +85,13 @@ def _check_object(tier: RemoteTier, store: Store, key: str, name: str, labels: A
         return problem
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            store.fs.unlink(tmp)
 
 
 def json_ok(data: bytes) -> bool:
     try:
-        return isinstance(json.loads(data), dict)
-    except (ValueError, UnicodeDecodeError):
+        return isinstance(parse_json(data), dict)
+    except ValueError:
         return False
 
 
@@ -102,7 +100,7 @@ def check_downloaded(store: Store, path: Path, key: str, name: str, labels: Any 
     """The checks a load makes, plus the content name; None if the pack may be used. A pack of
     another format version or signer is not corrupt (``keep_other``: None, the load skips it)."""
     try:
-        fh = open_nofollow(path)
+        fh = store.fs.open_read(path)
         checked = store._check_pack(path, fh, key, labels)
         try:
             if checked.content_hash() != name:
