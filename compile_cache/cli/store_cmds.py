@@ -67,7 +67,8 @@ def _differing_settings(entries: Sequence[Any]) -> dict[str, str]:
 
     groups: dict[str, list[Any]] = {}
     for e in entries:
-        structure = ((e.metadata or {}).get("model") or {}).get("structure")
+        model = (e.metadata or {}).get("model")  # entry.json is data from the store: any shape
+        structure = model.get("structure") if isinstance(model, dict) else None
         if isinstance(structure, str):
             groups.setdefault(structure, []).append(e)
     out: dict[str, str] = {}

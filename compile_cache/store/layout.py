@@ -166,7 +166,7 @@ class RemoteEntry:
         """The newest use record's time (its name starts with the time in ns), else ``newest``."""
         for name in reversed(self.uses):
             head = name.split("-", 1)[0]
-            if head.isdigit():
+            if head.isdigit() and len(head) <= 20:  # ns since 1970 (a longer one is garbage)
                 return int(head) / 1e9
         return self.newest
 

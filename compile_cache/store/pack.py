@@ -255,7 +255,18 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
         raise CorruptPackError("pack header is not a format-1 header object")
     if not isinstance(header.get("members"), list):
         raise CorruptPackError("pack header has no member table")
+    for field, kinds in _HEADER_FIELDS:
+        value = header.get(field)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise CorruptPackError(f"pack header field {field!r} is a {type(value).__name__}")
     return header
+
+
+#: The header fields every reader uses, and the types they must have when present.
+_HEADER_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("created", (int, float)), ("compile_seconds", (int, float)), ("metadata", dict),
+    ("signer", str), ("torch", str), ("key", str), ("host", str),
+)
 
 
 def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:
