@@ -38,6 +38,7 @@ MAX_PUT = 5 << 30
 #: Bytes of an error response read for its code.
 _ERROR_BODY = 64 << 10
 _CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+_CODE_CHARS = re.compile(r"[^A-Za-z0-9 ._-]")
 
 
 class S3Error(OSError):
@@ -152,6 +153,7 @@ class S3Backend(RetryingBackend):
         out.finish(len(data) < _ERROR_BODY)
         found = _CODE_RE.search(data)
         code = found.group(1).decode("ascii", "replace") if found else http.client.responses.get(out.status, "")
+        code = _CODE_CHARS.sub("", code)[:64]  # the server's text: no newline reaches a warning
         if out.status == 404:
             raise FileNotFoundError(f"{redact(self.url)}: {what}: {code or 'not found'}")
         raise S3Error(out.status, code, what)
