@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +144,108 @@ def test_a_servers_error_text_reaches_a_warning_on_one_line_without_secrets(
     messages = store_warnings_of(shown)
     assert messages and all("\n" not in m and "\r" not in m for m in messages), messages
     assert not any(TOKEN in m or SECRET in m for m in messages)
+
+
+# -- 31.3: a deadline per whole request, and a listing that ends ------------------------------
+class Drip(http.server.BaseHTTPRequestHandler):
+    """Answers slowly, but never slower than a socket timeout: one byte every 0.3 s, of the
+    headers (``where="headers"``) or of the body."""
+
+    where = "body"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = b"x" * 1000
+        head = (f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nX-Slow: "
+                + "y" * 200 + "\r\n\r\n").encode()
+        try:
+            if self.where == "headers":
+                self.wfile.write(head[:20])
+                for byte in head[20:]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
+            else:
+                self.wfile.write(head)
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
+        except OSError:
+            pass  # the client gave up: what the test wants
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_server_that_drips_bytes_cannot_hold_a_request_past_its_deadline(
+    env: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+) -> None:
+    from compile_cache.store.clients import open_backend
+
+    handler = type("Handler", (Drip,), {"where": where})
+    server, endpoint = _serve(handler)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_TIMEOUT", "2")
+    try:
+        backend = open_backend("s3://bkt/cache")
+        start = time.monotonic()
+        with pytest.raises(RemoteError):
+            backend.get("x", 10_000)  # 1,000 bytes at 0.3 s each: 300 s without a deadline
+        assert time.monotonic() - start < 8
+        start = time.monotonic()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            assert Store("s3://bkt/cache").load(K1) == []  # a job's restore: a miss, in time
+        assert time.monotonic() - start < 15
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Endless(http.server.BaseHTTPRequestHandler):
+    """A listing that always says there is more (``repeat``: with the same token each time)."""
+
+    repeat = False
+    pages = 0
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        type(self).pages += 1
+        n = type(self).pages
+        token = "same" if self.repeat else f"t{n}"
+        keys = "".join(f"<Contents><Key>cache/v1/entries/e1/{K1}/used/{n}-{i}</Key><Size>0</Size>"
+                       f"</Contents>" for i in range(100))
+        body = (f'<?xml version="1.0"?><ListBucketResult><IsTruncated>true</IsTruncated>'
+                f"<NextContinuationToken>{token}</NextContinuationToken>{keys}"
+                f"</ListBucketResult>").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["new-token-each-page", "same-token"])
+def test_a_listing_that_never_ends_stops_with_an_error(
+    env: Path, monkeypatch: pytest.MonkeyPatch, repeat: bool,
+) -> None:
+    from compile_cache.store import s3
+    from compile_cache.store.clients import open_backend
+
+    monkeypatch.setattr(s3, "MAX_LIST_PAGES", 50)  # the bound, made small enough to reach fast
+    handler = type("Handler", (Endless,), {"repeat": repeat, "pages": 0})
+    server, endpoint = _serve(handler)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="continuation token" if repeat else "pages"):
+            open_backend("s3://bkt/cache").list("v1/entries")
+        assert time.monotonic() - start < 15
+        assert handler.pages == (2 if repeat else 50)
+    finally:
+        server.shutdown()
+        server.server_close()
