@@ -238,6 +238,8 @@ def _problems(report: Any) -> list[tuple[str, str]]:
     out += [("unreadable stats file", str(p)) for p in report.bad_stats]
     out += [("empty entry", str(p)) for p in report.empty_entries]
     out += [("untrusted", f"{p}: {why}") for p, why in report.untrusted]
+    out += [("not checked (local error, pack left as it is)", f"{p}: {why}")
+            for p, why in report.unchecked]
     return out
 
 

@@ -21,7 +21,7 @@ from ..errors import CorruptPackError, UnsafeStorePathError
 from ..locks import optional_lock
 from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
 from . import generations, stats
-from ._io import check_seconds
+from ._io import check_seconds, errno_name
 from .pack import IncompatiblePackError, SignatureMismatchError, content_hash, encode_pack
 from .records import CompactReport, EntryInfo, VerifyReport
 from .safety import trust_problem
@@ -273,11 +273,14 @@ def verify(
                 report.incompatible_packs.append(path)
             except SignatureMismatchError:
                 report.other_signer_packs.append(path)
-            except (CorruptPackError, OSError) as exc:
+            except CorruptPackError as exc:  # only a content check sets a pack aside
                 report.corrupt_packs.append((path, str(exc)))
                 if fix:
                     store._quarantine(path, key)
                     store._bump(corrupt=1)
+            except OSError as exc:  # this node's error (EMFILE, EIO): counted, the pack kept
+                report.unchecked.append((path, f"{errno_name(exc)}: {exc}"))
+                store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
         try:  # superseded generations: listed, merged away with fix
             compacted = compact(store, key, dry_run=not fix)
         except (OSError, CorruptPackError) as exc:

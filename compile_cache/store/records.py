@@ -153,6 +153,8 @@ class VerifyReport:
     other_signer_packs: list[Path] = field(default_factory=list)
     #: Directories and packs another user owns or can write: refused by every load.
     untrusted: list[tuple[Path, str]] = field(default_factory=list)
+    #: Packs this node could not check (a local I/O error: EMFILE, EIO...): left as they are.
+    unchecked: list[tuple[Path, str]] = field(default_factory=list)
     orphaned_temp: list[Path] = field(default_factory=list)
     stale_locks: list[Path] = field(default_factory=list)
     bad_entries: list[Path] = field(default_factory=list)
@@ -171,7 +173,7 @@ class VerifyReport:
         not a problem: they are other readers')."""
         return not (
             self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
-            or self.bad_stats or self.empty_entries or self.untrusted
+            or self.bad_stats or self.empty_entries or self.untrusted or self.unchecked
         )
 
     def to_dict(self) -> dict[str, Any]:

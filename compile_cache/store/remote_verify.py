@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance
-from ._io import MAX_JSON_BYTES, parse_json
+from ._io import MAX_JSON_BYTES, errno_name, parse_json
 from .backend import TooLargeError
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .records import VerifyReport
@@ -40,7 +40,13 @@ def verify(tier: RemoteTier, store: Store, fix: bool, temp_age: float, labels: A
                     tier.backend.delete([tier.layout.entry_json(key)])
         for name in entry.packs:
             report.checked_packs += 1
-            problem = _check_object(tier, store, key, name, labels, fix)
+            try:
+                problem = _check_object(tier, store, key, name, labels, fix)
+            except OSError as exc:  # this node's error: counted; the bucket's pack is kept
+                report.unchecked.append((f"{tier.display}/{tier.layout.pack_object(key, name)}",
+                                         f"{errno_name(exc)}: {exc}"))
+                store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
+                continue
             if isinstance(problem, IncompatiblePackError):
                 report.incompatible_packs.append(f"{tier.display}/{tier.layout.pack_object(key, name)}")
             elif isinstance(problem, SignatureMismatchError):
@@ -63,7 +69,8 @@ def verify(tier: RemoteTier, store: Store, fix: bool, temp_age: float, labels: A
 
 def _check_object(tier: RemoteTier, store: Store, key: str, name: str, labels: Any, fix: bool) -> BaseException | None:
     """Download one pack object to a temp file and check it; its problem, or None. With
-    ``fix`` a corrupt one goes to the URL's quarantine."""
+    ``fix`` a corrupt one (a content check failed) goes to the URL's quarantine; a local I/O
+    error raises OSError and touches nothing in the bucket."""
     store._mkdirs(store.layout.tmp_dir)
     tmp = temp_path(store.layout.tmp_dir / f"verify-{name}.pack")
     try:
@@ -109,6 +116,6 @@ def check_downloaded(store: Store, path: Path, key: str, name: str, labels: Any 
             checked.close()
     except (IncompatiblePackError, SignatureMismatchError) as exc:
         return None if keep_other else exc
-    except (CorruptPackError, OSError) as exc:
+    except CorruptPackError as exc:  # a content check (checksum, signature, member, name)
         return exc
-    return None
+    return None  # an OSError (EMFILE, EIO: this node's) propagates: never a reason to delete
