@@ -140,3 +140,40 @@ def test_prune_and_verify_compact(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, out, _ = call(capsys, "verify", "--fix", "--cache-dir", str(tmp_path / "s"))
     assert code == 0 and "Compacted 1 entry" in out
     assert len(store.entry(KEY).packs) == 1
+
+
+def test_maintenance_never_rewrites_a_pack_it_cannot_verify_with_its_own_key(tmp_path) -> None:
+    """issue 31.6: prune or verify --fix without the key (or with another one) leaves every
+    other signer's packs as they are; each team still loads its own."""
+    import hashlib
+
+    from compile_cache.store import Store
+    from compile_cache.store.generations import make_manifest
+
+    root = tmp_path / "store"
+    key = "ab" * 16
+
+    def generation(store: Store, n: int, team: str) -> None:
+        name = f"inductor/{team}/graph"
+        data = f"{team}-{n}".encode()
+        manifest = make_manifest([{"scope": "s", "slot": "graph#0", "members": [name]}], [],
+                                 {name: hashlib.sha256(data).hexdigest()})
+        assert store.publish(key, {name: data}, metadata={"manifest": manifest}) is not None
+
+    teams = {t: Store(root, signing_key=f"key-{t}") for t in ("a", "b")}
+    for n in (1, 2):  # two generations each: compactable
+        for team, store in teams.items():
+            generation(store, n, team)
+    signed = {p.name: p.read_bytes() for p in Store(root).layout.pack_paths(key)}
+    assert len(signed) == 4
+    keyless = Store(root)
+    keyless.verify(fix=True)
+    keyless.compact()
+    keyless.evict(older_than=10**9)  # prune's other half: nothing old, nothing removed
+    after = {p.name: p.read_bytes() for p in keyless.layout.pack_paths(key)}
+    assert after == signed  # not merged into one unsigned pack, not deleted
+    for store in teams.values():
+        assert len(store.load(key)) == 2
+    teams["a"].compact()  # team a's maintenance merges team a's packs only
+    assert len(teams["a"].load(key)) == 1 and len(teams["b"].load(key)) == 2
+    assert {p.info.path.name for p in teams["b"].load(key)} <= set(signed)  # b's, untouched

@@ -351,7 +351,8 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
     the newest merged pack's creation time, so a pack another process publishes meanwhile is
     still the newer one; packs that arrive during the merge are never touched.
     """
-    plan = generations.compaction(store.entry(key).packs if store.entry(key) else ())
+    entry = store.entry(key)
+    plan = generations.compaction([p for p in entry.packs if _ours(store, p)] if entry else [])
     if plan is None:
         return None
     merged, _ = plan
@@ -359,12 +360,24 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
                            bytes_before=sum(p.size for p in merged))
     if dry_run:
         return report
-    loaded = {p.info.name: p for p in store.load(key)}
+    loaded = {}
+    for pack in store.load(key):
+        if _ours(store, pack.info):
+            loaded[pack.info.name] = pack
+        else:
+            pack.close()  # another signer's (or signed, for a keyless run): kept as it is
     try:
         return _merge(store, key, report, merged, loaded)
     finally:
         for pack in loaded.values():
             pack.close()
+
+
+def _ours(store: Store, info: Any) -> bool:
+    """Whether maintenance may rewrite the pack ``info``: one it verifies with its own key (with
+    a key), or an unsigned one (without). Other signers' packs are kept as they are: a keyless
+    ``prune`` must not merge signed packs into an unsigned one that no keyed reader loads."""
+    return store.usable(info) if store.signing_key is not None else not info.signed
 
 
 def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
