@@ -317,10 +317,10 @@ def verify(
                 # A lockdir is stale by its holder's heartbeat; an unheld lock file is only
                 # garbage, kept as long as a temp file (copying a store must not flag its locks).
                 age = lock_stale_after if store.fs.is_dir(path) else max(lock_stale_after, temp_age)
-                if is_stale(path, stale_after=age):
+                if is_stale(path, stale_after=age, one_look=True):
                     report.stale_locks.append(path)
                     if fix:
-                        break_stale_lock(path, stale_after=age)
+                        break_stale_lock(path, stale_after=age, one_look=True)
     with contextlib.suppress(OSError):
         for name in store.fs.listdir(layout.stats_dir):
             path = layout.stats_dir / name
