@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 __all__ = ["export", "import_archive"]
 
 MANIFEST = "manifest.json"
+#: An archive with more members than this (directories included) is refused: an export holds
+#: an entry.json and a few packs per entry.
+MAX_ARCHIVE_MEMBERS = 100_000
 
 
 def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
@@ -121,11 +124,23 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
     try:
         try:
             with tarfile.open(path, "r:*") as tar:
+                seen = 0
                 for member in tar:
+                    tar.members = []  # streamed: tarfile would keep every member's info
+                    seen += 1
+                    if seen > MAX_ARCHIVE_MEMBERS:
+                        raise CorruptPackError(f"archive {path} has more than {MAX_ARCHIVE_MEMBERS} "
+                                               "members; refused")
                     _check_tar_member(member)
+                    declared += max(member.size, tarfile.BLOCKSIZE)  # a directory costs a block too
+                    if total_limit is not None and declared > total_limit:
+                        raise CorruptPackError(
+                            f"archive {path} holds more than the store's size cap of "
+                            f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
+                            f"{member.name!r}"
+                        )
                     if member.isdir():
                         continue
-                    declared += member.size
                     kind, limit = _classify(member.name, limits.max_pack_size)
                     if member.size > limit:
                         raise CorruptPackError(

@@ -164,11 +164,13 @@ class RemoteEntry:
     @property
     def last_used(self) -> float:
         """The newest use record's time (its name starts with the time in ns), else ``newest``."""
+        now = time.time()
         for name in reversed(self.uses):
             head = name.split("-", 1)[0]
             if head.isdigit() and len(head) <= 20:  # ns since 1970 (a longer one is garbage)
-                return int(head) / 1e9
-        return self.newest
+                if int(head) / 1e9 <= now + 60:  # one in the future is not trusted: skipped
+                    return int(head) / 1e9
+        return min(self.newest, now)
 
 
 class RemoteLayout:

@@ -66,17 +66,21 @@ def recount_size(store: Store) -> int:
 def _usage(store: Store) -> list[tuple[str, int, float]]:
     """``(key, bytes, last used)`` of every entry, from stat calls only (no pack is opened)."""
     out = []
+    now = time.time()
     for key in store.layout.keys():
         size, newest = 0, 0.0
         for directory in (store.layout.entry_dir(key), store.layout.packs_dir(key)):
             with contextlib.suppress(OSError):
-                for _name, st in store.fs.files(directory):
+                for name, st in store.fs.files(directory):
                     size += st.st_size
-                    newest = max(newest, st.st_mtime)
+                    if name != "used":
+                        newest = max(newest, st.st_mtime)
         try:
             used = store.fs.lstat(store.layout.used_file(key)).st_mtime
         except OSError:
             used = newest
+        if used > now + 60:  # a time in the future is not trusted: the entry's files' say
+            used = min(newest, now)
         out.append((key, size, used))
     return out
 
