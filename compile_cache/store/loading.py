@@ -9,7 +9,9 @@ taken again; an entry that vanished is a miss, never a part of it), then checked
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,13 @@ def load(store: Store, key: str) -> list[Pack]:
     mismatched: list[str] = []
     for path, fh in opened:
         try:
+            if isinstance(fh, Reopener):
+                reopener, fh = fh, fh.open()
+            else:
+                reopener = None
             checked = check_pack(store, fh, key)
+            if reopener is not None:
+                checked.reopen_on_demand(reopener.read_at, reopener.close)
         except IncompatiblePackError as exc:
             logger.info("skipping pack %s: %s", path, exc)
             store._bump(incompatible=1)
@@ -116,6 +124,10 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
             except OSError as exc:
                 store._io_error("read", exc, path)
                 continue
+            if len(opened) >= OPEN_BUDGET:  # past the budget: checked one at a time, later
+                reopener = Reopener(store, path, fh)
+                fh.close()
+                fh = reopener
             opened.append((path, fh))
         if not vanished:
             return opened
@@ -125,6 +137,38 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
             return None  # evicted while we read it: a miss, not a part of it
     logger.info("compile cache: entry %s kept changing while it was read; a miss", key[:12])
     return None
+
+
+#: Packs a load keeps open at once; the packs of an entry past it are opened, checked and
+#: closed one at a time, and opened again (the same file) when a member is read.
+OPEN_BUDGET = 64
+
+
+class Reopener:
+    """Opens one pack file again on demand, refusing a different file under its name (another
+    inode, size or mtime than when it was listed: replaced meanwhile)."""
+
+    def __init__(self, store: Store, path: Path, fh: Any) -> None:
+        self._store, self.path = store, path
+        st = os.fstat(fh.fileno())
+        self._identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def open(self) -> Any:
+        """The pack file, open (the caller's to close), if it is still the one listed."""
+        fh = open_pack_path(self._store, self.path)
+        st = os.fstat(fh.fileno())
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
+            fh.close()
+            raise FileNotFoundError(errno.ENOENT, "pack replaced since it was listed", str(self.path))
+        return fh
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset``, the file open only meanwhile (holding no descriptor)."""
+        with self.open() as fh:
+            return os.pread(fh.fileno(), n, offset)
+
+    def close(self) -> None:
+        """Nothing is held between reads."""
 
 
 def open_pack_path(store: Store, path: Path) -> Any:
