@@ -424,8 +424,8 @@ def test_a_load_racing_an_eviction_is_a_miss_never_a_part_of_the_entry(env, monk
     real_open = loading.open_pack_path
     opened = []
 
-    def evicting_open(store_, path):
-        fh = real_open(store_, path)
+    def evicting_open(store_, path, *at):
+        fh = real_open(store_, path, *at)
         opened.append(path)
         if len(opened) == 1:  # another process evicts the entry between our two opens
             maintenance.remove_entry_dir(store, store.layout.entry_dir(report.key))
@@ -451,11 +451,11 @@ def test_a_pack_vanishing_mid_load_is_listed_again_not_half_restored(env, monkey
     real_open = loading.open_pack_path
     calls = []
 
-    def quarantining_open(store_, path):
+    def quarantining_open(store_, path, *at):
         calls.append(path)
         if len(calls) == 2:  # a verify --fix elsewhere sets the second pack aside meanwhile
             store._quarantine(second, report.key)
-        return real_open(store_, path)
+        return real_open(store_, path, *at)
 
     monkeypatch.setattr(loading, "open_pack_path", quarantining_open)
     packs = store.load(report.key)

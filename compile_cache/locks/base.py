@@ -33,9 +33,9 @@ from types import TracebackType
 from .. import config
 from .._paths import HOSTNAME
 from ..errors import LockTimeoutError
+from .observe import CLOCK_SKEW, unchanged_for
 
 __all__ = [
-    "CLOCK_SKEW",
     "DEFAULT_STALE_AFTER",
     "LOCAL_NAMESPACE",
     "LOCKDIR_SUFFIX",
@@ -45,7 +45,6 @@ __all__ = [
     "LockHolder",
     "NoLock",
     "read_holder",
-    "unchanged_for",
 ]
 
 logger = logging.getLogger("compile_cache")
@@ -165,37 +164,6 @@ def _pid_alive(pid: int) -> bool:
             return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
-
-
-#: A heartbeat time up to this far ahead of this host's clock is ordinary skew; further ahead it
-#: is not trusted (a dead holder's clock that ran ahead would otherwise keep its lock for ever).
-CLOCK_SKEW = 5.0
-#: lock path -> (its holder record as last seen, when this process first saw it so: monotonic)
-_seen: dict[str, tuple[object, float]] = {}
-_seen_lock = threading.Lock()
-
-
-def unchanged_for(lock_path: str | os.PathLike[str]) -> float:
-    """Seconds, on this process's own monotonic clock, since the lock's holder record (content,
-    mtime, inode) last changed as far as this process has looked: 0 at the first look. A live
-    holder's heartbeat changes it; a dead one's does not, whatever clock it had."""
-    path = Path(lock_path)
-    target = path / OWNER_FILE if path.is_dir() else path
-    try:
-        st = os.stat(target, follow_symlinks=False)
-        state: object = (st.st_ino, st.st_mtime_ns, st.st_size, read_holder(path))
-    except OSError:
-        state = None
-    now = time.monotonic()
-    key = os.path.abspath(path)
-    with _seen_lock:
-        previous = _seen.get(key)
-        if previous is None or previous[0] != state:
-            if len(_seen) > 4096:  # bounded: locks this process no longer looks at go first
-                _seen.pop(next(iter(_seen)))
-            _seen[key] = (state, now)
-            return 0.0
-        return now - previous[1]
 
 
 def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
@@ -371,7 +339,8 @@ class BaseLock:
             return True
         # A heartbeat time in the future is not trusted: fresh only while the record changes,
         # as this process's own clock sees it.
-        return holder.age == math.inf and unchanged_for(self.path) <= self.stale_after
+        record = self.path / OWNER_FILE if self.path.is_dir() else self.path
+        return holder.age == math.inf and unchanged_for(record) <= self.stale_after
 
     def _beat(self) -> bool:
         """One heartbeat (the heartbeat thread); False when the lock is no longer ours."""

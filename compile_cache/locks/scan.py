@@ -13,14 +13,13 @@ from pathlib import Path
 
 from .._paths import HOSTNAME
 from .base import (
-    CLOCK_SKEW,
     DEFAULT_STALE_AFTER,
     LOCK_SUFFIX,
     LOCKDIR_SUFFIX,
     OWNER_FILE,
     read_holder,
-    unchanged_for,
 )
+from .observe import CLOCK_SKEW, unchanged_for
 
 __all__ = [
     "break_stale_lock",
@@ -105,7 +104,7 @@ def is_stale(
             return beat > limit
         if one_look:  # every time it has is ahead of ours: by more than the stale age, bogus
             return holder.time - time.time() > limit
-        return unchanged_for(path) > limit
+        return unchanged_for(path / OWNER_FILE) > limit
     try:
         age = time.time() - path.stat().st_mtime
     except OSError:

@@ -58,11 +58,17 @@ class StoreFS:
     def __init__(self, root: Path, group_mode: bool) -> None:
         self.root = Path(root)
         self.group_mode = group_mode
+        self._prefix = str(self.root).rstrip("/") + "/"
 
     # -- paths -----------------------------------------------------------------------------------
     def parts(self, path: PathLike) -> tuple[str, ...]:
         """``path``'s names below the root; a path outside the store, or with ``..``, is refused."""
         if isinstance(path, (str, os.PathLike)):
+            text = os.fspath(path)
+            if text.startswith(self._prefix) and "/." not in text and "//" not in text:
+                rel = tuple(text[len(self._prefix):].split("/"))  # the common case: no pathlib
+                if all(rel):
+                    return rel
             p = Path(path)
             if p.is_absolute():
                 try:
@@ -250,13 +256,19 @@ class StoreFS:
         (:class:`UnsafeStorePathError`); with ``trust``, so is a file or directory on the way
         that :func:`trust_problem` refuses."""
         parts = self.parts(path)
-        with self._parent(parts, trust=trust) as (dfd, name):
-            try:
-                fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno in _LINK_ERRNOS:
-                    raise self._refused(parts, exc, "a symlink") from exc
-                raise
+        with self._parent(parts, trust=trust) as (dfd, _name):
+            return self.open_read_in(dfd, parts, trust=trust)
+
+    def open_read_in(self, dfd: int, path: PathLike, *, trust: bool = True) -> BinaryIO:
+        """:meth:`open_read` of ``path`` whose directory is already open at ``dfd`` (reached
+        by :meth:`directory`): a load of a thousand packs walks the store once, not per pack."""
+        parts = self.parts(path)
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in _LINK_ERRNOS:
+                raise self._refused(parts, exc, "a symlink") from exc
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

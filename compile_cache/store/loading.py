@@ -107,28 +107,11 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
             return None
         if not _entry_trusted(store, key):
             return None
-        opened: list[tuple[Path, Any]] = []
-        vanished = False
-        for path in paths:
-            try:
-                fh = open_pack_path(store, path)
-            except FileNotFoundError:
-                vanished = True
-                break
-            except UnsafeStorePathError as exc:
-                if exc.reason == "trust":
-                    _untrusted(store, exc.strerror)
-                else:  # a link, a FIFO, a device where a pack should be: set aside
-                    store._corrupt(path, key, exc)
-                continue
-            except OSError as exc:
-                store._io_error("read", exc, path)
-                continue
-            if len(opened) >= OPEN_BUDGET:  # past the budget: checked one at a time, later
-                reopener = Reopener(store, path, fh)
-                fh.close()
-                fh = reopener
-            opened.append((path, fh))
+        try:
+            with store.fs.directory(store.layout.packs_dir(key), trust=True) as at:
+                opened, vanished = _open_listed(store, key, paths, at)
+        except OSError:
+            return None  # gone meanwhile, or refused (counted by _entry_trusted)
         if not vanished:
             return opened
         for _path, fh in opened:
@@ -171,10 +154,44 @@ class Reopener:
         """Nothing is held between reads."""
 
 
-def open_pack_path(store: Store, path: Path) -> Any:
+def open_pack_path(store: Store, path: Path, at: int | None = None) -> Any:
     """Open one pack of the store for reading: no link followed, a regular file, trusted (see
-    :meth:`~.fs.StoreFS.open_read`). Tests replace it to race other processes."""
+    :meth:`~.fs.StoreFS.open_read`); ``at``: its directory, already open. Tests replace it to
+    race other processes."""
+    if at is not None:
+        return store.fs.open_read_in(at, path, trust=True)
     return store.fs.open_read(path, trust=True)
+
+
+def _open_listed(store: Store, key: str, paths: list[Path],
+                 at: int) -> tuple[list[tuple[Path, Any]], bool]:
+    """Open the listed packs (in their directory, open at ``at``): ``(opened, vanished)``; past
+    :data:`OPEN_BUDGET` a pack is noted (:class:`Reopener`) and closed again."""
+    opened: list[tuple[Path, Any]] = []
+    for path in paths:
+        try:
+            fh = open_pack_path(store, path, at)
+        except FileNotFoundError:
+            for _path, other in opened:
+                other.close()
+            return [], True
+        except UnsafeStorePathError as exc:
+            if exc.reason == "trust":
+                _untrusted(store, exc.strerror)
+            else:  # a link, a FIFO, a device where a pack should be: set aside
+                store._corrupt(path, key, exc)
+            continue
+        except OSError as exc:
+            store._io_error("read", exc, path)
+            continue
+        if len(opened) >= OPEN_BUDGET:  # past the budget: checked one at a time, later
+            try:
+                reopener = Reopener(store, path, fh)
+            finally:
+                fh.close()
+            fh = reopener
+        opened.append((path, fh))
+    return opened, False
 
 
 def _entry_trusted(store: Store, key: str) -> bool:

@@ -113,7 +113,9 @@ class RemoteTier:
         store._bump(remote_errors=1)
 
     def _entry(self, key: str) -> RemoteEntry | None:
-        listing = self.backend.list(self.layout.entry_dir(key))
+        """The packs of ``key`` (one listing of its ``packs/``: not of its use records, of which
+        a busy entry gathers thousands; ``entry_json`` and ``uses`` stay unknown here)."""
+        listing = self.backend.list(f"{self.layout.entry_dir(key)}/packs")
         return self.layout.entries(listing).get(key)
 
     # -- what a job does ---------------------------------------------------------------------
@@ -130,7 +132,7 @@ class RemoteTier:
                 return 0
             store._mkdirs(store.layout.packs_dir(key))
             local_json = store.layout.entry_json(key)
-            if entry.entry_json is not None and not store.fs.exists(local_json):
+            if not store.fs.exists(local_json):  # absent remotely too: get() says None
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
                 if data is not None and json_ok(data):
                     store._write(local_json, data, fsync=False)
@@ -219,7 +221,7 @@ class RemoteTier:
         try:
             entry = self._entry(key) or RemoteEntry(key)
             local_json = store.layout.entry_json(key)
-            if entry.entry_json is None and store.fs.exists(local_json):
+            if store.fs.exists(local_json):  # a conditional put: kept if it is there
                 self.backend.put_if_absent(self.layout.entry_json(key),
                                            store.fs.read(local_json, MAX_JSON_BYTES))
             for path in store.layout.pack_paths(key):
