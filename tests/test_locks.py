@@ -315,8 +315,9 @@ def test_a_live_holder_whose_clock_ran_ahead_keeps_its_lock_while_it_beats(tmp_p
     stop = threading.Event()
 
     def beat() -> None:  # the holder on the other host: a new record every 0.1 s
-        while not stop.wait(0.1):
-            (lock_dir / "owner").write_text(f"othernode:4242:{time.time() + 3600:.3f}")
+        while not stop.wait(0.1):  # written as a holder writes it: whole, then renamed
+            (lock_dir / ".owner.tmp").write_text(f"othernode:4242:{time.time() + 3600:.3f}")
+            os.replace(lock_dir / ".owner.tmp", lock_dir / "owner")
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
