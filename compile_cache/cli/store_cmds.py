@@ -240,6 +240,7 @@ def _problems(report: Any) -> list[tuple[str, str]]:
     out += [("untrusted", f"{p}: {why}") for p, why in report.untrusted]
     out += [("not checked (local error, pack left as it is)", f"{p}: {why}")
             for p, why in report.unchecked]
+    out += [("not fixed", f"{p}: {why}") for p, why in report.not_fixed]
     return out
 
 

@@ -437,8 +437,7 @@ class Store:
         """Merge each entry's packs (all, or ``keys``) into one holding its current generation."""
         if not dry_run:
             self._require_writable("compact")
-        done = [maintenance.compact(self, k, dry_run) for k in key_list(keys or self.layout.keys())]
-        return [d for d in done if d is not None]
+        return maintenance.compact_all(self, key_list(keys or self.layout.keys()), dry_run)
 
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""

@@ -34,6 +34,7 @@ __all__ = [
     "QUARANTINE_KEEP",
     "clear",
     "compact",
+    "compact_all",
     "enforce_cap",
     "evict",
     "recount_size",
@@ -287,7 +288,11 @@ def verify(
                 store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
         try:  # superseded generations: listed, merged away with fix
             compacted = compact(store, key, dry_run=not fix)
-        except (OSError, CorruptPackError) as exc:
+        except OSError as exc:  # ENOSPC mid-merge: said so, never "OK"
+            report.not_fixed.append((entry, f"could not compact: {errno_name(exc)}: {exc}"))
+            store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
+            compacted = None
+        except CorruptPackError as exc:  # a pack changed under us: the next run compacts
             logger.debug("could not compact %s: %s", key, exc)
             compacted = None
         if compacted is not None:
@@ -345,6 +350,25 @@ def verify(
     if fix and not store.read_only:
         stats.correct_size(store, exact)
     return report
+
+
+def compact_all(store: Store, keys: list[str], dry_run: bool) -> list[CompactReport]:
+    """:func:`compact` of each of ``keys`` (``Store.compact``, prune): an entry that cannot be
+    compacted now (ENOSPC, a pack another process removed meanwhile) is a counted error or
+    skipped, never the end of the run."""
+    done = []
+    for key in keys:
+        try:
+            report = compact(store, key, dry_run)
+        except OSError as exc:
+            store._io_error("compact", exc, store.layout.entry_dir(key))
+            continue
+        except CorruptPackError as exc:
+            logger.debug("could not compact %s: %s", key, exc)
+            continue
+        if report is not None:
+            done.append(report)
+    return done
 
 
 def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:

@@ -155,6 +155,8 @@ class VerifyReport:
     untrusted: list[tuple[Path, str]] = field(default_factory=list)
     #: Packs this node could not check (a local I/O error: EMFILE, EIO...): left as they are.
     unchecked: list[tuple[Path, str]] = field(default_factory=list)
+    #: What ``fix`` could not do (a compaction that hit ENOSPC...): the store is not OK.
+    not_fixed: list[tuple[Path, str]] = field(default_factory=list)
     orphaned_temp: list[Path] = field(default_factory=list)
     stale_locks: list[Path] = field(default_factory=list)
     bad_entries: list[Path] = field(default_factory=list)
@@ -174,6 +176,7 @@ class VerifyReport:
         return not (
             self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
             or self.bad_stats or self.empty_entries or self.untrusted or self.unchecked
+            or self.not_fixed
         )
 
     def to_dict(self) -> dict[str, Any]:
