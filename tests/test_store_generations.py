@@ -200,12 +200,10 @@ def test_a_full_disk_during_compaction_is_an_error_for_prune_and_not_ok_for_veri
 ) -> None:
     """issue 31.11: prune died with a traceback, verify --fix said OK."""
     import errno
+    import hashlib
 
     from compile_cache import _paths, cli
     from compile_cache.store import Store
-
-    import hashlib
-
     from compile_cache.store.generations import make_manifest
 
     root = tmp_path / "store"
