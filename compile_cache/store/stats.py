@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ __all__ = [
 logger = logging.getLogger("compile_cache")
 
 STATS_SHARDS = 8
+#: Seconds a shard whose lock could not be taken is tried without waiting.
+BUSY_BACKOFF = 30.0
+_busy_until: dict[str, float] = {}
 COUNTERS: tuple[str, ...] = (
     "hits",
     "partial_hits",
@@ -144,10 +148,16 @@ def _bump(store: Store, delta: Mapping[str, Any]) -> None:
         return  # kept in memory: a vanished store is not re-created just for counters
     n = shard_index()
     shard = store.layout.stats_shard(n)
-    lock = store._lock_at(store.layout.lock_base(f"stats-{n}"), timeout=2.0)
+    busy_key = str(shard)
+    # A shard lock that could not be taken lately (a dead holder, judged stale only after a
+    # while) is tried without waiting: each counter update must not stall the job 2 s.
+    wait = 0.0 if time.monotonic() < _busy_until.get(busy_key, 0.0) else 2.0
+    lock = store._lock_at(store.layout.lock_base(f"stats-{n}"), timeout=wait)
     try:
         with optional_lock(lock) as held:
             if not held:
+                if wait:
+                    _busy_until[busy_key] = time.monotonic() + BUSY_BACKOFF
                 return  # pending deltas go out with the next update
             current, garbage = store.fs.read_json(shard)
             merged = add_counts({}, current or {})
