@@ -65,8 +65,9 @@ class StoreFS:
         """``path``'s names below the root; a path outside the store, or with ``..``, is refused."""
         if isinstance(path, (str, os.PathLike)):
             text = os.fspath(path)
-            if text.startswith(self._prefix) and "/." not in text and "//" not in text:
-                rel = tuple(text[len(self._prefix):].split("/"))  # the common case: no pathlib
+            rest = text[len(self._prefix):] if text.startswith(self._prefix) else None
+            if rest and "/." not in "/" + rest and "//" not in rest:
+                rel = tuple(rest.split("/"))  # the common case, without pathlib
                 if all(rel):
                     return rel
             p = Path(path)
