@@ -15,6 +15,7 @@ half-written file and two writers of the same content never corrupt each other.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -127,18 +128,23 @@ def atomic_write(
     mode: int = 0o600,
     fsync: bool = True,
     exclusive: bool = False,
+    dir_fd: int | None = None,
 ) -> bool:
     """Write ``data`` to ``target`` so readers see the old file, or the whole new one, never a part.
 
     Writes a unique temp file in ``target``'s directory, fsyncs it, then ``os.replace``\\ s it (or,
     with ``exclusive=True``, hard-links it so the first writer wins and later writers leave the
-    existing file alone). ``data`` may be a list of chunks, written in order. ``mode`` is applied exactly, regardless of the umask. Returns whether
-    ``target`` was written (always ``True`` unless ``exclusive`` and it already existed). Errors
-    (``ENOSPC``, ``EACCES``...) propagate as ``OSError`` after the temp file is removed.
+    existing file alone). ``data`` may be a list of chunks, written in order. ``mode`` is applied
+    exactly, regardless of the umask. ``dir_fd``: ``target`` is a plain name in the directory
+    open at that descriptor (the store's file layer: nothing is resolved through a link). Returns
+    whether ``target`` was written (always ``True`` unless ``exclusive`` and it already existed).
+    Errors (``ENOSPC``, ``EACCES``...) propagate as ``OSError`` after the temp file is removed.
     """
     target = Path(target)
-    tmp = temp_path(target)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    tmp: Path | None = temp_path(target)
+    at = {} if dir_fd is None else {"dir_fd": dir_fd}
+    pair = {} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode, **at)
     try:
         try:
             os.fchmod(fd, mode)
@@ -152,26 +158,33 @@ def atomic_write(
             os.close(fd)
         if exclusive:
             try:
-                os.link(tmp, target)
+                os.link(tmp, target, **pair)
             except FileExistsError:
                 return False
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
                     raise
                 # No hard links here (some FUSE/SMB mounts): replace unless someone beat us to it.
-                if os.path.lexists(target):
+                try:
+                    os.stat(target, follow_symlinks=False, **at)
                     return False
-                os.replace(tmp, target)
+                except FileNotFoundError:
+                    pass
+                os.replace(tmp, target, **pair)
                 tmp = None
         else:
-            os.replace(tmp, target)
+            os.replace(tmp, target, **pair)
             tmp = None
         if fsync:
-            fsync_dir(target.parent)
+            if dir_fd is None:
+                fsync_dir(target.parent)
+            else:
+                with contextlib.suppress(OSError):
+                    os.fsync(dir_fd)
         return True
     finally:
         if tmp is not None:
             try:
-                os.unlink(tmp)
+                os.unlink(tmp, **at)
             except OSError:
                 pass

@@ -14,6 +14,8 @@ import os
 import sys
 import warnings
 
+from .redact import redact
+
 __all__ = ["warn"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -53,5 +55,6 @@ def user_stacklevel() -> int:
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn(message, category)`` attributed to the first frame of user code."""
-    warnings.warn(message, category, stacklevel=user_stacklevel())
+    """``warnings.warn(message, category)`` attributed to the first frame of user code, with
+    every credential redacted (:func:`~compile_cache.redact.redact`)."""
+    warnings.warn(redact(message), category, stacklevel=user_stacklevel())

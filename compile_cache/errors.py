@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno as _errno
+
 
 class CompileCacheError(Exception):
     """Base class of every error compile_cache raises on purpose."""
@@ -21,6 +23,23 @@ class StoreError(CompileCacheError):
 
 class UnsafeStoreError(StoreError):
     """The store directory could be written by other users: its packs would run their code here."""
+
+
+class UnsafeStorePathError(UnsafeStoreError, OSError):
+    """A path inside the store is a symlink, not the kind of file expected (a FIFO where a pack
+    should be), outside the store, or not trusted: refused at use, never followed.
+
+    An ``OSError`` too, so that every handler of a failed store operation (a miss, a skipped
+    record, a counted error) treats it as one. ``reason``: ``"link"``, ``"type"``, ``"outside"``
+    or ``"trust"``.
+    """
+
+    def __init__(self, message: str, reason: str = "link", path: str | None = None) -> None:
+        OSError.__init__(self, _errno.ELOOP if reason == "link" else _errno.EINVAL, message, path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class CorruptPackError(StoreError):

@@ -126,7 +126,35 @@ def get() -> Publisher:
     with _default_lock:
         if _default is None or _default._pid != os.getpid():
             _default = Publisher()
+            _drain_on_sigterm()
         return _default
+
+
+def _drain_on_sigterm() -> None:
+    """SIGTERM (how SLURM and Kubernetes stop a job) kills a process without its ``atexit``
+    handlers: where nobody else handles it (its handler is the default), handle it by running
+    the exit's publish (hooks, then a drain of at most :data:`EXIT_TIMEOUT_S`), then die of it
+    as before. Only from the main thread (the only one that may set a handler)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the job's own handler (or torchrun's) decides
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no signals here
+        return
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    import signal
+
+    publisher = _default
+    if publisher is not None:
+        publisher._at_exit()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # the exit status says "terminated", as without us
 
 
 def _after_fork_in_child() -> None:

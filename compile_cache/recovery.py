@@ -13,6 +13,7 @@ it (``load_failures``; the hit the restore counted becomes a miss) and warns onc
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from .store import PackInfo, Store
 if TYPE_CHECKING:
     from .session import CacheReport
 
-__all__ = ["on_load_failure", "origin", "restored"]
+__all__ = ["local_failure", "on_load_failure", "origin", "restored"]
 
 # origin -> (store, the pack, the report of the session that restored it)
 _restored_packs: dict[tuple[str, str, str], tuple[Store, PackInfo, CacheReport]] = {}
@@ -70,12 +71,43 @@ def on_load_failure(exc: BaseException) -> bool:
             continue
         _quarantined.add(where)
         reason = f"torch could not load {path} ({type(exc).__name__}: {str(exc)[:300]})"
+        local = local_failure(exc)
+        if local is not None:  # this node's trouble, not the pack's: counted, the pack kept
+            report.errors.append(f"load: pack {info.name}: {reason} (a local error: pack kept)")
+            store.record_error(f"load-{local}")
+            continue
         report.errors.append(f"load: pack {info.name}: {reason}")
         if id(report) not in _failed_reports:  # the hit this report counted becomes a miss, once
             _failed_reports.add(id(report))
             store.record_failed_hit(info.key)
         store.quarantine(info, reason, counter="load_failures")
     return handled
+
+
+#: errno names of failures that are this node's, not a pack's (out of files, memory or disk).
+_LOCAL_ERRNOS = {errno.EMFILE: "EMFILE", errno.ENFILE: "ENFILE", errno.ENOMEM: "ENOMEM",
+                 errno.ENOSPC: "ENOSPC", errno.EIO: "EIO", errno.EAGAIN: "EAGAIN"}
+_LOCAL_TEXTS = {"Too many open files": "EMFILE", "Cannot allocate memory": "ENOMEM",
+                "No space left on device": "ENOSPC", "Input/output error": "EIO",
+                "Resource temporarily unavailable": "EAGAIN"}
+
+
+def local_failure(exc: BaseException) -> str | None:
+    """The errno name if ``exc`` (or a cause) is this node's failure (EMFILE, ENOMEM, ENOSPC,
+    EIO: the same library loads elsewhere), else None: only a failure of the content itself
+    sets a shared pack aside."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _LOCAL_ERRNOS:
+            return _LOCAL_ERRNOS[current.errno]
+        text = str(current)
+        for needle, name in _LOCAL_TEXTS.items():
+            if needle in text:  # dlopen's errors are strings: "...: Too many open files"
+                return name
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def restored(where: tuple[str, str, str], store: Store, info: PackInfo, report: CacheReport) -> None:

@@ -421,17 +421,17 @@ def test_a_load_racing_an_eviction_is_a_miss_never_a_part_of_the_entry(env, monk
     assert len(store.layout.pack_paths(report.key)) == 2
     from compile_cache.store import loading, maintenance
 
-    real_open = loading.open_nofollow
+    real_open = loading.open_pack_path
     opened = []
 
-    def evicting_open(path):
-        fh = real_open(path)
+    def evicting_open(store_, path, *at):
+        fh = real_open(store_, path, *at)
         opened.append(path)
         if len(opened) == 1:  # another process evicts the entry between our two opens
             maintenance.remove_entry_dir(store, store.layout.entry_dir(report.key))
         return fh
 
-    monkeypatch.setattr(loading, "open_nofollow", evicting_open)
+    monkeypatch.setattr(loading, "open_pack_path", evicting_open)
     assert store.load(report.key) == []  # not the first pack alone: the entry is gone, a miss
     monkeypatch.undo()
     clean_env(monkeypatch, store_path.parent)
@@ -448,16 +448,16 @@ def test_a_pack_vanishing_mid_load_is_listed_again_not_half_restored(env, monkey
     first, second = store.layout.pack_paths(report.key)
     from compile_cache.store import loading
 
-    real_open = loading.open_nofollow
+    real_open = loading.open_pack_path
     calls = []
 
-    def quarantining_open(path):
+    def quarantining_open(store_, path, *at):
         calls.append(path)
         if len(calls) == 2:  # a verify --fix elsewhere sets the second pack aside meanwhile
             store._quarantine(second, report.key)
-        return real_open(path)
+        return real_open(store_, path, *at)
 
-    monkeypatch.setattr(loading, "open_nofollow", quarantining_open)
+    monkeypatch.setattr(loading, "open_pack_path", quarantining_open)
     packs = store.load(report.key)
     assert [p.info.path for p in packs] == [first]  # the listing as it is now, read again
 
@@ -505,3 +505,33 @@ def test_a_dead_holder_of_a_mkdir_lock_on_another_host_goes_stale_by_heartbeat(t
     lockdir.mkdir()
     (lockdir / "owner").write_text(f"othernode:4242:{time.time() - 3600:.3f}")  # took it long ago...
     assert not is_stale(lockdir)  # ...but its owner file was refreshed just now
+
+
+@pytest.mark.parametrize("kind", ["EMFILE", "dlopen-EMFILE", "bad-library"])
+def test_only_a_bad_library_not_a_local_error_sets_its_pack_aside(env, kind) -> None:
+    """issue 31.8: torch failing to load a restored library because this node is out of file
+    descriptors (or memory, or disk) is this node's counted error; the pack is kept."""
+    import errno
+
+    from _store_helpers import tiny_elf
+
+    from compile_cache import artifacts, recovery
+    from compile_cache.report import CacheReport
+
+    store_path, _inductor, _ = env
+    store = Store(store_path)
+    key = "ab" * 16
+    store.publish(key, {"inductor/fake/lib.so": tiny_elf(b"x")})
+    (pack,) = store.load(key)
+    where = recovery.origin(store, pack.info)
+    result = artifacts.restore(pack.members, origin=where)
+    recovery.restored(where, store, pack.info, CacheReport(key=key, store=str(store_path)))
+    path = str(next(iter(result.files.values()))[0])
+    error = {"EMFILE": OSError(errno.EMFILE, "Too many open files", path),
+             "dlopen-EMFILE": ImportError(f"{path}: cannot open shared object file: Too many open files"),
+             "bad-library": ImportError(f"{path}: invalid ELF header")}[kind]
+    assert recovery.on_load_failure(error)
+    bad = kind == "bad-library"
+    assert store.has(key) is not bad  # quarantined only for a bad library
+    assert Store(store_path).stats()["load_failures"] == (1 if bad else 0)
+    pack.close()

@@ -146,14 +146,16 @@ def test_permission_denied_during_a_job(env) -> None:
     run_job(root)
     shutil.rmtree(inductor)
     stores = _sessions_stores(monkeypatch)
-    real_listdir = os.listdir
+    from compile_cache.store.fs import StoreFS
 
-    def denied(path="."):
+    real_listdir = StoreFS.listdir
+
+    def denied(fs, path):
         if str(path).startswith(str(root)) and "packs" in str(path):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real_listdir(path)
+        return real_listdir(fs, path)
 
-    monkeypatch.setattr(os, "listdir", denied)
+    monkeypatch.setattr(StoreFS, "listdir", denied)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         report, backend = run_job(root)

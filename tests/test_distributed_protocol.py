@@ -268,3 +268,32 @@ def test_a_follower_lists_the_store_again_until_the_leaders_packs_show(
     shared.restore_announced(report, session, {"f" * 32}, leader=0)
     assert any("COMPILE_CACHE_DIR" in n for n in report.notes)
     json.dumps(report.to_dict())
+
+
+@pytest.mark.parametrize("sender_key", [None, "other-key", "the-key"])
+def test_a_keyed_receiver_takes_only_packs_its_own_key_verified_at_the_sender(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sender_key: str | None,
+) -> None:
+    """issue 31.7: a keyless sender loads an unsigned pack planted in its store; a receiver with
+    a key must not publish (sign) it. Only a sender holding the receiver's key passes packs on."""
+    from compile_cache.distributed.broadcast import KeyPlan, publish_received, sender_payload
+    from compile_cache.store import Store
+
+    for name in ("COMPILE_CACHE_SIGNING_KEY", "COMPILE_CACHE_DIR", "COMPILE_CACHE_SHARED"):
+        monkeypatch.delenv(name, raising=False)
+    key = "cd" * 16
+    src, dst = str(tmp_path / "sender"), str(tmp_path / "receiver")
+    Store(src, signing_key=sender_key).publish(key, {"inductor/planted": b"evil"})
+    plan = KeyPlan(key=key, src=0, src_ready=True, src_store=src, sender=0, receivers=(1,),
+                   stores={1: (dst,)}, have=(frozenset(),), after_done=(), after_host={})
+    if sender_key is not None:
+        monkeypatch.setenv("COMPILE_CACHE_SIGNING_KEY", sender_key)
+    payload = sender_payload(plan, None)
+    monkeypatch.setenv("COMPILE_CACHE_SIGNING_KEY", "the-key")  # the receiving rank's key
+    came, refused = publish_received(plan, 1, payload, None)
+    receiver = Store(dst)
+    if sender_key == "the-key":
+        assert (came, refused) == (1, 0) and len(receiver.load(key)) == 1
+    else:
+        assert refused == 1 and receiver.load(key) == []  # nothing laundered into a signed pack
+        assert not receiver.has(key)

@@ -21,7 +21,7 @@ PACKAGE = REPO / "compile_cache"
 
 #: Lowest first. A module may import its own layer or lower ones, never a higher one.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_paths", "_sizes", "_warnings", "config", "_testing"),
+    ("errors", "redact", "_paths", "_sizes", "_warnings", "config", "_testing"),
     ("torch_compat",),
     ("fingerprint", "_reference", "plan", "keys", "explain", "store", "locks", "artifacts", "local_dirs",
      "capture", "publisher", "report"),

@@ -287,3 +287,44 @@ def test_release_after_the_lock_was_broken_leaves_the_new_holder_alone(tmp_path)
     )  # broken and re-taken elsewhere
     lock.release()
     assert read_holder(lock.path) is not None and read_holder(lock.path).host == "othernode"
+
+
+def test_a_dead_holder_whose_clock_ran_ahead_goes_stale_on_the_waiters_clock(tmp_path) -> None:
+    """issue 31.9: a heartbeat an hour in the future is not trusted: the waiter breaks the lock
+    once the record has not changed for the stale age on its own clock (not after its 1800 s
+    wait_alive), and verify reports it (and --fix breaks it) at one look."""
+    base = tmp_path / "key"
+    lock_dir = base.with_name("key.lockdir")
+    ahead = time.time() + 3600
+    _plant_lockdir(lock_dir, f"othernode:4242:{ahead:.3f}")
+    os.utime(lock_dir / "owner", (ahead, ahead))
+    start = time.monotonic()
+    with FileLock(base, mode="mkdir", timeout=0.5, stale_after=1.0, wait_alive=1800) as lock:
+        assert read_holder(lock.path).host == HOSTNAME
+    assert time.monotonic() - start < 10
+    _plant_lockdir(lock_dir, f"othernode:4242:{ahead:.3f}")
+    os.utime(lock_dir / "owner", (ahead, ahead))
+    assert is_stale(lock_dir, stale_after=60, one_look=True)  # verify's single look
+    assert break_stale_lock(lock_dir, stale_after=60, one_look=True) and not lock_dir.exists()
+
+
+def test_a_live_holder_whose_clock_ran_ahead_keeps_its_lock_while_it_beats(tmp_path) -> None:
+    base = tmp_path / "key"
+    lock_dir = base.with_name("key.lockdir")
+    _plant_lockdir(lock_dir, f"othernode:4242:{time.time() + 3600:.3f}")
+    stop = threading.Event()
+
+    def beat() -> None:  # the holder on the other host: a new record every 0.1 s
+        while not stop.wait(0.1):  # written as a holder writes it: whole, then renamed
+            (lock_dir / ".owner.tmp").write_text(f"othernode:4242:{time.time() + 3600:.3f}")
+            os.replace(lock_dir / ".owner.tmp", lock_dir / "owner")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(LockTimeoutError):
+            FileLock(base, mode="mkdir", timeout=5.0, stale_after=2.0).acquire()
+        assert lock_dir.exists() and read_holder(lock_dir).host == "othernode"
+    finally:
+        stop.set()
+        thread.join()

@@ -113,3 +113,27 @@ def test_a_forked_child_gets_a_working_publisher_while_the_parents_is_busy() -> 
         proc.join(10)
     assert fresh and drained and ran == [1]
     assert parent.drain(10.0)
+
+
+def test_sigterm_drains_the_publisher_within_its_bound_then_terminates(tmp_path) -> None:
+    """issue 31.11: SIGTERM (SLURM, Kubernetes) during a background publish used to lose the
+    pack; now the queue drains (at most EXIT_TIMEOUT_S) and the process still dies of SIGTERM."""
+    import signal
+
+    done = tmp_path / "published"
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from compile_cache import publisher
+        p = publisher.get()
+        def slow_publish():
+            time.sleep(1.0)
+            open({str(done)!r}, "w").write("pack")
+        p.submit(slow_publish)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert done.read_text() == "pack"
+    assert time.monotonic() - start < 15

@@ -212,3 +212,164 @@ def test_two_teams_with_different_signing_keys_share_a_store_without_wiping_it(e
 
     cli.main(["doctor", "--cache-dir", str(root)])
     assert "signed with another key" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 31.1 / 31.5: no link inside the store is followed, nothing outside it is touched, and a
+# FIFO where a pack, a stats shard or a record should be never hangs
+
+
+def _outside(tmp_path, key: str):
+    """Somebody's files outside the store, laid out as an entry would be."""
+    victim = tmp_path / "victim"
+    (victim / key[:2] / key / "packs").mkdir(parents=True)
+    (victim / key[:2] / key / "packs" / "precious.txt").write_text("keep me")
+    (victim / "thesis.tex").write_text("keep me too")
+    old = 1_000_000.0
+    for path in victim.rglob("*"):
+        os.utime(path, (old, old))
+    return victim
+
+
+def _all_files(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+
+
+def test_links_in_the_entries_tree_are_refused_by_load_and_never_followed_by_maintenance(env) -> None:
+    tmp_path, _inductor, _ = env
+    store = Store(tmp_path / "store")
+    ours, theirs = "ab" * 16, "cd" * 16
+    store.publish(ours, {"inductor/a": b"1"})
+    victim = _outside(tmp_path, theirs)
+    before = _all_files(victim)
+    os.symlink(victim / theirs[:2], store.layout.entries_dir / theirs[:2])  # a prefix dir
+    os.symlink(victim, store.layout.entry_dir(ours) / "elsewhere")  # a link in an entry
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert store.load(theirs) == []
+        assert [p.info.key for p in store.load(ours)] == [ours]
+        report = store.verify(fix=True, temp_age=0)
+        store.evict(max_size=0)
+        store.clear()
+    assert _all_files(victim) == before  # nothing deleted, moved or added out there
+    assert report.checked_entries >= 1
+    assert not any("Traceback" in str(w.message) for w in record)
+
+
+def test_a_path_outside_the_store_is_refused_by_its_file_layer(env) -> None:
+    tmp_path, _inductor, _ = env
+    store = Store(tmp_path / "store")
+    (tmp_path / "victim.txt").write_text("keep")
+    for bad in (tmp_path / "victim.txt", store.layout.tmp_dir / ".." / ".." / ".." / "victim.txt"):
+        with pytest.raises(UnsafeStoreError, match="outside"):
+            store.fs.unlink(bad)
+        with pytest.raises(OSError):
+            store.fs.rename(bad, store.layout.tmp_dir / "x")
+    assert (tmp_path / "victim.txt").read_text() == "keep"
+
+
+def _fifo_child(root: str, key: str, out) -> None:
+    store = Store(root)
+    packs = store.load(key)
+    store.record_miss(key)
+    stats = store.stats()
+    entries = store.entries()
+    report = store.verify(fix=True, temp_age=0)
+    out.put((len(packs), stats["corrupt"], len(entries), len(report.corrupt_packs)))
+
+
+def test_a_fifo_where_a_pack_shard_or_record_should_be_never_hangs(env) -> None:
+    import multiprocessing
+
+    from _fault_helpers import join_or_fail
+
+    tmp_path, _inductor, _ = env
+    store = Store(tmp_path / "store")
+    key = "ef" * 16
+    store.publish(key, {"inductor/a": b"1"})
+    os.mkfifo(store.layout.pack_path(key, "0" * 32))
+    for n in range(8):
+        store.layout.stats_shard(n).unlink(missing_ok=True)
+        os.mkfifo(store.layout.stats_shard(n))
+    os.unlink(store.layout.entry_json(key))
+    os.mkfifo(store.layout.entry_json(key))
+    os.unlink(store.layout.used_file(key))
+    os.mkfifo(store.layout.used_file(key))
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_fifo_child, args=(str(store.root), key, out))
+    child.start()
+    join_or_fail(child, 15.0)  # a FIFO opened for reading would block for ever
+    loaded, corrupt, entries, corrupt_listed = out.get(timeout=5)
+    assert loaded == 1 and entries == 1  # the real pack; the FIFO set aside as a corrupt one
+    assert corrupt >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 31.2: every record we parse is bounded in size and depth; a nested value planted by a
+# bucket writer without the key is a counted miss or a skipped record, never a traceback
+
+
+def _raw_pack(header: bytes) -> bytes:
+    """A pack whose checksum is right but whose header is ``header`` as it is (unsigned)."""
+    import hashlib
+    import struct
+
+    from compile_cache.store.pack import FORMAT_VERSION, MAGIC
+
+    body = struct.pack("<I", len(header)) + header
+    return struct.pack("<8sHHQ32s32s", MAGIC, FORMAT_VERSION, 0, len(body),
+                       hashlib.sha256(body).digest(), bytes(32)) + body
+
+
+@pytest.mark.parametrize("depth", [100, 200_000], ids=["deeper-than-allowed", "past-recursion"])
+def test_a_deeply_nested_record_is_a_miss_for_the_job_and_no_traceback_in_the_cli(env, capsys, depth) -> None:
+    from compile_cache import cli
+
+    tmp_path, inductor, _ = env
+    root = tmp_path / "store"
+    report, _ = run_job(root)
+    store = Store(root)
+    nested = b"[" * depth + b"]" * depth
+    for path in store.layout.pack_paths(report.key):
+        path.write_bytes(_raw_pack(b'{"format":1,"members":[],"metadata":{"x":' + nested + b"}}"))
+    store.layout.entry_json(report.key).write_bytes(b'{"created":' + nested + b"}")
+    for n in range(8):
+        store.layout.stats_shard(n).write_bytes(b'{"hits":' + nested + b"}")
+    store.layout.misses_dir.mkdir(exist_ok=True)
+    store.layout.miss_file(report.key).write_bytes(b'{"key":"' + report.key.encode() + b'","record":' + nested + b"}")
+    shutil.rmtree(inductor)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        again, backend = run_job(root)  # outputs equal eager's (checked inside)
+    assert again.restored_packs == 0 and backend.misses >= 1
+    capsys.readouterr()
+    codes = {}
+    for argv in (["ls"], ["ls", "--json"], ["stats"], ["stats", "--json"], ["verify"],
+                 ["verify", "--fix"], ["export", str(tmp_path / "out.tar")], ["explain"]):
+        codes[argv[0] + " " + " ".join(argv[1:2])] = cli.main([*argv, "--cache-dir", str(root)])
+    out = capsys.readouterr()
+    assert all(code in (0, 1) for code in codes.values()), (codes, out.err[-2000:])
+    assert "Traceback" not in out.err and "RecursionError" not in out.err + out.out
+    assert Store(root).stats()["corrupt"] >= 1  # the nested pack was counted and set aside
+
+
+def test_an_entry_record_of_the_wrong_shape_is_listed_not_a_traceback(env, capsys) -> None:
+    import json
+
+    from compile_cache import cli
+
+    tmp_path, _inductor, _ = env
+    store = Store(tmp_path / "store")
+    shapes = [{"created": "x", "torch": {"a": 1}, "model": 5, "compile": [1]},
+              {"created": [], "model": {"structure": "s", "class": {}}, "compile": {"a": [1]}},
+              {"created": 1.0, "model": {"structure": "s"}, "environment": "x", "plan": 3}]
+    for n, shape in enumerate(shapes):
+        key = f"{n:02d}" * 16
+        store.publish(key, {"inductor/x": bytes([n])})
+        store.layout.entry_json(key).write_text(json.dumps(shape))
+    codes = [cli.main([*argv, "--cache-dir", str(store.root)])
+             for argv in (["ls"], ["ls", "--json"], ["verify"], ["explain"])]
+    out = capsys.readouterr()
+    assert codes == [0, 0, 0, 0] and "Traceback" not in out.err
+    assert out.out.count("000000000000") >= 2  # listed in both forms

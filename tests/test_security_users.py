@@ -285,3 +285,126 @@ def test_doctor_reports_an_unsafe_local_dir(users: Users, tmp_path, monkeypatch,
     monkeypatch.setenv("COMPILE_CACHE_TRUST_LOCAL_DIRS", "1")  # the opt-out: shown, not a problem
     assert cli.main(["doctor", "--cache-dir", str(tmp_path / "s")]) == 0
     assert "trusted by COMPILE_CACHE_TRUST_LOCAL_DIRS" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 31.1: a group member swaps the store's working directories for links into the victim's
+# home; the victim's own commands and jobs must never delete, move or plant anything there
+
+
+_VICTIM_FILES = {
+    "thesis/chapter1.tex": b"\\chapter{One}",
+    "thesis/data/results.csv": b"1,2,3",
+    "Documents/notes.txt": b"not json",
+    "Documents/plan.md": b"# plan",
+    ".ssh/id_ed25519": b"-----BEGIN OPENSSH PRIVATE KEY-----",
+    ".ssh/authorized_keys": b"ssh-ed25519 AAAA victim",
+}
+
+
+def _victim_home(home: Path, user) -> dict[str, bytes]:
+    """The victim's files (old, as a real home's are), owned by the victim; ``.bashrc.d`` empty."""
+    month_ago = os.path.getmtime(home) - 30 * 86400
+    for rel, data in _VICTIM_FILES.items():
+        path = home / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    (home / ".bashrc.d").mkdir(exist_ok=True)
+    for path in [*home.rglob("*")]:
+        os.lchown(path, user.uid, user.gid)
+        os.utime(path, (month_ago, month_ago), follow_symlinks=False)
+    return dict(_VICTIM_FILES)
+
+
+def _victim_state(home: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Every file under the victim's four directories (anything moved in shows), and what
+    ``.bashrc.d`` holds."""
+    files = {str(p.relative_to(home)): p.read_bytes()
+             for top in ("thesis", "Documents", ".ssh", ".bashrc.d") for p in (home / top).rglob("*")
+             if p.is_file() or p.is_symlink()}
+    return files, sorted(os.listdir(home / ".bashrc.d"))
+
+
+def _swap(store: str, links: dict[str, str]) -> None:
+    """As the attacker: each working dir of the store (``v1/<name>``) renamed away, a link in
+    its place."""
+    base = Path(store) / "v1"
+    for name, target in links.items():
+        if (base / name).exists():
+            os.rename(base / name, base / f"{name}-old")
+        os.symlink(target, base / name)
+
+
+def _plant_pack(store: str, key: str) -> None:
+    """As the attacker: a "pack" holding shell code in the victim's entry (fails its checks)."""
+    packs = Layout(Path(store)).packs_dir(key)
+    (packs / ("e" * 32 + ".pack")).write_bytes(b"#!/bin/sh\nrm -rf ~\n")
+
+
+def _victim_commands(store: str, inductor: str) -> dict:
+    """As the victim, everything that went wrong in issue 31: a job (a load that quarantines
+    the planted pack), an over-cap publish (eviction, quarantine pruning), and the CLI's
+    ``verify --fix``, ``stats``, ``stats --zero``, ``prune``, ``ls``; none may raise."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from compile_cache import cli
+
+    os.environ.update(COMPILE_CACHE_SHARED="group")
+    job = _job_as(store, inductor)  # eager-equal outputs, checked inside run_job
+    Store(store, max_size=1).publish("ab" * 16, {"inductor/x": b"y" * 64})  # over the cap
+    codes = {}
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        for argv in (["verify", "--fix"], ["stats"], ["stats", "--json"], ["ls"],
+                     ["prune", "--max-size", "1", "--yes"], ["stats", "--zero"]):
+            codes[" ".join(argv)] = cli.main([*argv, "--cache-dir", store])
+    return {"job": job, "codes": codes, "stderr": err.getvalue(), "stdout": out.getvalue()}
+
+
+@pytest.mark.parametrize("when", ["before-the-job", "after-the-store-opened"])
+def test_a_group_member_swapping_working_dirs_for_links_never_touches_the_victims_files(
+    users: Users, when: str,
+) -> None:
+    victim, attacker = users.a, users.b
+    shared = owned_dir(users.scratch / f"shared-swap-{when}", victim, 0o2775, gid=users.gid)
+    store = shared / "store"
+    first = as_user(victim, _group_job, str(store), str(victim.home / f"ind-{when}-0"), "fcntl")
+    home = victim.home
+    before = _victim_home(home, victim)
+    links = {"tmp": str(home / "thesis"), "stats": str(home / "Documents"),
+             "quarantine": str(home / ".ssh"), "misses": str(home / ".bashrc.d"),
+             "locks": str(home / ".ssh")}
+    as_user(attacker, _plant_pack, str(store), first["key"])
+    if when == "before-the-job":
+        as_user(attacker, _swap, str(store), links)
+        result = as_user(victim, _victim_commands, str(store), str(home / f"ind-{when}-1"))
+    else:
+        result = as_user(victim, _victim_after_swap, str(store), str(home / f"ind-{when}-1"),
+                         links)
+    assert _victim_state(home) == (before, [])  # every file there, unchanged; nothing planted
+    assert "Traceback" not in result["stderr"], result["stderr"]
+    if "job" in result:
+        assert result["job"]["key"] == first["key"]  # completed, outputs equal to eager's
+        assert all(code in (0, 1) for code in result["codes"].values()), (result["codes"], result["stderr"])
+
+
+def _victim_after_swap(store: str, inductor: str, links: dict[str, str]) -> dict:
+    """As the victim: a store opened and used *before* its working dirs are swapped for links,
+    then used again (every operation checks at use). The links are made here, after the store
+    opened, as a member's swap would make them (the victim cannot drop to the attacker): no link
+    inside the store is followed, whoever made it."""
+    os.environ.update(COMPILE_CACHE_SHARED="group", TORCHINDUCTOR_CACHE_DIR=inductor)
+    opened = Store(store, max_size=1)
+    opened.stats()
+    _swap(store, links)
+    key = next(opened.layout.keys())
+    opened.load(key)  # quarantines the planted pack: never into the link's target
+    opened.publish("cd" * 16, {"inductor/x": b"z" * 64})  # over the cap: evicts, prunes
+    opened.record_miss(key)
+    opened.verify(fix=True, temp_age=0)
+    opened.stats()
+    opened.zero_stats()
+    opened.evict(max_size=1)
+    opened.clear()
+    return {"stderr": ""}

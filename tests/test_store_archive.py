@@ -123,3 +123,25 @@ def test_import_of_a_non_archive_is_a_clear_error(store: Store, tmp_path) -> Non
     (tmp_path / "x.tar").write_bytes(b"definitely not tar" * 100)
     with pytest.raises(CorruptPackError, match="tar"):
         store.import_archive(tmp_path / "x.tar")
+
+
+def test_an_archive_of_directory_entries_counts_against_the_limits(store: Store, tmp_path, monkeypatch) -> None:
+    """issue 31.10: every member counts, directories included (3.6 MB of them took 62 s and
+    738 MB before): past the member limit, or the size cap, the import stops at once."""
+    from compile_cache.errors import CorruptPackError
+    from compile_cache.store import archive
+
+    path = tmp_path / "dirs.tar"
+    with tarfile.open(path, "w") as tar:
+        for n in range(300):
+            info = tarfile.TarInfo(f"entries/{n:032x}")
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info, io.BytesIO())
+    monkeypatch.setattr(archive, "MAX_ARCHIVE_MEMBERS", 100)
+    with pytest.raises(CorruptPackError, match="more than 100 members"):
+        store.import_archive(path)
+    monkeypatch.setattr(archive, "MAX_ARCHIVE_MEMBERS", 10_000)
+    small = Store(store.root, max_size=100 * 512)
+    with pytest.raises(CorruptPackError, match="size cap"):
+        small.import_archive(path)
+    assert store.entries() == []

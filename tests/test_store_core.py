@@ -273,3 +273,36 @@ def test_lock_for_a_key(store: Store, tmp_path) -> None:
     ro = Store(tmp_path / "c2", read_only=True)
     with ro.lock(K1) as lock:
         assert lock.mode == "none"
+
+
+def _load_under_a_small_fd_limit(root: str, key: str, out) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    store = Store(root)
+    packs = store.load(key)
+    contents = {name: bytes(p.members[name]) for p in packs for name in p.members}
+    with open(os.devnull, "rb"):  # the process can still open files
+        pass
+    for p in packs:
+        p.close()
+    out.put((len(packs), len(contents), store.stats()["errors"]))
+
+
+def test_a_load_of_more_packs_than_the_file_limit_opens_them_a_few_at_a_time(tmp_path) -> None:
+    """issue 31.10: an entry of 150 packs loads whole under a limit of 100 open files (1,100
+    packs under 1,024 failed 81 opens and left the process unable to open files)."""
+    import multiprocessing
+
+    from _fault_helpers import join_or_fail
+
+    store = Store(tmp_path / "store")
+    key = "fd" * 16
+    for n in range(150):
+        store.publish(key, {f"inductor/m{n}": f"member {n}".encode()})
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_load_under_a_small_fd_limit, args=(str(store.root), key, out))
+    child.start()
+    join_or_fail(child, 60)
+    assert out.get(timeout=5) == (150, 150, 0)

@@ -140,3 +140,128 @@ def test_prune_and_verify_compact(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, out, _ = call(capsys, "verify", "--fix", "--cache-dir", str(tmp_path / "s"))
     assert code == 0 and "Compacted 1 entry" in out
     assert len(store.entry(KEY).packs) == 1
+
+
+def test_maintenance_never_rewrites_a_pack_it_cannot_verify_with_its_own_key(tmp_path) -> None:
+    """issue 31.6: prune or verify --fix without the key (or with another one) leaves every
+    other signer's packs as they are; each team still loads its own."""
+    import hashlib
+
+    from compile_cache.store import Store
+    from compile_cache.store.generations import make_manifest
+
+    root = tmp_path / "store"
+    key = "ab" * 16
+
+    def generation(store: Store, n: int, team: str) -> None:
+        name = f"inductor/{team}/graph"
+        data = f"{team}-{n}".encode()
+        manifest = make_manifest([{"scope": "s", "slot": "graph#0", "members": [name]}], [],
+                                 {name: hashlib.sha256(data).hexdigest()})
+        assert store.publish(key, {name: data}, metadata={"manifest": manifest}) is not None
+
+    teams = {t: Store(root, signing_key=f"key-{t}") for t in ("a", "b")}
+    for n in (1, 2):  # two generations each: compactable
+        for team, store in teams.items():
+            generation(store, n, team)
+    signed = {p.name: p.read_bytes() for p in Store(root).layout.pack_paths(key)}
+    assert len(signed) == 4
+    keyless = Store(root)
+    keyless.verify(fix=True)
+    keyless.compact()
+    keyless.evict(older_than=10**9)  # prune's other half: nothing old, nothing removed
+    after = {p.name: p.read_bytes() for p in keyless.layout.pack_paths(key)}
+    assert after == signed  # not merged into one unsigned pack, not deleted
+    for store in teams.values():
+        assert len(store.load(key)) == 2
+    teams["a"].compact()  # team a's maintenance merges team a's packs only
+    assert len(teams["a"].load(key)) == 1 and len(teams["b"].load(key)) == 2
+    assert {p.info.path.name for p in teams["b"].load(key)} <= set(signed)  # b's, untouched
+
+
+def _generations(root, keys, rounds: int = 2) -> None:
+    import hashlib
+
+    from compile_cache.store import Store
+    from compile_cache.store.generations import make_manifest
+
+    store = Store(root)
+    for n in range(rounds):
+        for key in keys:
+            name = "inductor/graph"
+            data = f"{key}-{n}".encode()
+            manifest = make_manifest([{"scope": "s", "slot": "graph#0", "members": [name]}], [],
+                                     {name: hashlib.sha256(data).hexdigest()})
+            store.publish(key, {name: data}, metadata={"manifest": manifest})
+
+
+def test_a_full_disk_during_compaction_is_an_error_for_prune_and_not_ok_for_verify(
+    tmp_path, monkeypatch, capsys,
+) -> None:
+    """issue 31.11: prune died with a traceback, verify --fix said OK."""
+    import errno
+    import hashlib
+
+    from compile_cache import _paths, cli
+    from compile_cache.store import Store
+    from compile_cache.store.generations import make_manifest
+
+    root = tmp_path / "store"
+    store = Store(root)
+    for members in ({"inductor/a": b"a1", "inductor/b": b"b1"}, {"inductor/a": b"a2"}):
+        digests = {n: hashlib.sha256(d).hexdigest() for n, d in members.items()}
+        units = [{"scope": "s", "slot": n, "members": [n]} for n in members]
+        store.publish("ab" * 16, members, metadata={"manifest": make_manifest(units, [], digests)})
+    # the merged pack (a2 and b1) is new: writing it needs space
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_paths, "_write_all", full)
+    code = cli.main(["prune", "--max-size", "1T", "--yes", "--cache-dir", str(root)])
+    out = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in out.err
+    report = Store(root).verify(fix=True)
+    assert not report.ok and report.not_fixed and "ENOSPC" in report.not_fixed[0][1]
+    monkeypatch.undo()
+    assert len(Store(root).load("ab" * 16)) == 2  # nothing lost: the packs are all still there
+
+
+def _maintain(root: str, seconds: float, out) -> None:
+    import time
+    import traceback
+
+    from compile_cache.store import Store
+
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            store = Store(root)
+            store.verify(fix=True, temp_age=0)
+            store.compact()
+            store.evict(max_size=10**12)
+        out.put("ok")
+    except BaseException:
+        out.put(traceback.format_exc())
+
+
+def test_concurrent_prune_and_verify_fix_never_end_in_a_traceback(tmp_path) -> None:
+    """issue 31.11: two maintainers at once (prune on one node, verify --fix on another) while
+    entries gain generations."""
+    import multiprocessing
+
+    from _fault_helpers import join_or_fail
+
+    root = tmp_path / "store"
+    keys = [f"{n:02x}" * 16 for n in range(6)]
+    _generations(root, keys)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [ctx.Process(target=_maintain, args=(str(root), 4.0, out)) for _ in range(2)]
+    for child in children:
+        child.start()
+    _generations(root, keys, rounds=3)  # and publishers meanwhile
+    for child in children:
+        join_or_fail(child, 60)
+    results = [out.get(timeout=5) for _ in children]
+    assert results == ["ok", "ok"], results[0] if results[0] != "ok" else results[1]

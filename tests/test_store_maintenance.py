@@ -113,3 +113,25 @@ def test_verify_finds_and_fixes_orphans_stale_locks_and_corruption(store: Store)
     assert young_tmp.exists()  # someone's publish in progress is left alone
     assert store.verify().ok
     assert store.load(K1)[0].members == MEMBERS
+
+
+def test_a_last_used_time_in_the_future_does_not_keep_an_entry_for_ever(tmp_path) -> None:
+    """issue 31.10: a ``used`` mark dated next year counts as used now, not as newest for ever:
+    an age-based prune next year, or the LRU order, treats it as any other entry."""
+    import os
+    import time
+
+    from compile_cache.store import Store
+
+    store = Store(tmp_path / "store")
+    old, future = "aa" * 16, "bb" * 16
+    for key in (old, future):
+        store.publish(key, {"inductor/x": key.encode()})
+    year = 365 * 86400
+    os.utime(store.layout.used_file(future), (time.time() + year, time.time() + year))
+    os.utime(store.layout.used_file(old), (time.time() - 10, time.time() - 10))
+    day = 86400
+    for path in [*store.layout.pack_paths(future), store.layout.entry_json(future)]:
+        os.utime(path, (time.time() - 2 * day, time.time() - 2 * day))  # published 2 days ago
+    removed = store.evict(older_than=day)  # prune --older-than 1d
+    assert {e.key for e in removed} == {future}

@@ -371,3 +371,38 @@ def test_verify_fix_quarantines_a_corrupt_object(s3_url: str) -> None:
     assert len(report.corrupt_packs) == 1 and s3_url in str(report.corrupt_packs[0][0])
     assert store.verify(fix=True).corrupt_packs and store.verify().ok
     assert store.stats()["quarantined"] == 1
+
+
+def test_one_nodes_local_error_never_deletes_a_good_pack_from_the_bucket(
+    s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """issue 31.8: only a content check quarantines; EMFILE while checking a download (or in
+    verify --fix) is this node's counted error, and the bucket keeps the pack."""
+    import errno
+
+    from compile_cache.store.fs import StoreFS
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
+    assert Store(s3_url).publish(K1, MEMBERS) is not None
+    real_open = StoreFS.open_read
+
+    def emfile(fs: StoreFS, path, **kwargs):  # the node is out of file descriptors
+        if ".tmp-" in str(path):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(fs, path, **kwargs)
+
+    monkeypatch.setattr(StoreFS, "open_read", emfile)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-busy"))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        busy = Store(s3_url)
+        assert busy.load(K1) == []  # a miss for this node only
+        report = busy.verify(fix=True)
+    assert report.unchecked and not report.corrupt_packs and not report.ok
+    assert busy.stats()["errors_by_kind"].get("EMFILE", 0) >= 2 and busy.stats()["corrupt"] == 0
+    monkeypatch.setattr(StoreFS, "open_read", real_open)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-next"))
+    packs = Store(s3_url).load(K1)  # the next node: the pack is still in the bucket, whole
+    assert [dict((n, p.members[n]) for n in p.members) for p in packs] == [MEMBERS]
+    for p in packs:
+        p.close()

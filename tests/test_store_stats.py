@@ -164,3 +164,25 @@ def test_zeroing_the_stats_keeps_the_size(store: Store) -> None:
     store.publish(K1, MEMBERS)
     store.zero_stats()
     assert store.stats()["publishes"] == 0 and _tracked(store) == _exact(store) > 0
+
+
+def test_a_stats_lock_held_by_a_dead_holder_stalls_one_update_not_each(tmp_path, monkeypatch) -> None:
+    """issue 31.9: a mkdir stats lock left by a dead holder whose clock ran ahead cost every
+    counter update a 2 s wait; now the first waits, the next ones go on at once (counts kept)."""
+    import time
+
+    from compile_cache.store import stats
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCK", "mkdir")
+    monkeypatch.setattr(stats, "_busy_until", {})
+    store = Store(tmp_path / "store")
+    lock_dir = store.layout.lock_base(f"stats-{stats.shard_index()}").with_name(
+        f"stats-{stats.shard_index()}.lockdir")
+    lock_dir.mkdir(parents=True)
+    ahead = time.time() + 3600
+    (lock_dir / "owner").write_text(f"othernode:4242:{ahead:.3f}")
+    start = time.monotonic()
+    for _ in range(5):
+        store.record_error("test")
+    assert time.monotonic() - start < 4.5  # one 2 s wait, not five
+    assert store.stats()["errors_by_kind"].get("test") == 5  # none lost: pending, then summed

@@ -91,11 +91,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..store.safety import describe_dir, resolve_location
 
     remote: dict[str, Any] | None = None
+    remote_problem = ""
     try:
         tier, local_root, remote_source = remote_location(args.cache_dir)
     except CompileCacheError as exc:  # a URL without fsspec/s3fs installed
         tier, local_root, remote_source = None, None, None
         remote = {"url": args.cache_dir or config.DIR.value(), "error": str(exc)}
+        remote_problem = f"object storage unusable: {exc}"
     root, source = resolve_location(local_root if tier else None if remote else args.cache_dir)
     if tier is not None:
         source, remote = remote_source or source, _remote_info(tier)
@@ -105,7 +107,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "XDG_CACHE_HOME": "$XDG_CACHE_HOME/compile_cache",
         "default": "default (~/.cache/compile_cache)",
     }.get(source, source)
-    problems: list[str] = []
+    problems: list[str] = [remote_problem] if remote_problem else []
     try:
         shared = bool(config.SHARED.value())
     except ConfigError as exc:
@@ -204,7 +206,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("from", source_text),
         *([("local tier", f"{root} (read-through: a pack is downloaded once per node)"),
            ("object storage", ("reachable" if not remote["error"] else f"UNREACHABLE: {remote['error']}")
-            + f"; credentials: {remote['credentials']}"),
+            + f"; credentials: {remote.get('credentials') or '-'}"),
            ("object storage client", remote.get("client") or "-")] if remote else []),
         ("filesystem", s["filesystem"]),
         ("lock mode", f"{lock_mode} ({lock_reason})"),

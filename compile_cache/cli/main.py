@@ -24,8 +24,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import CompileCacheError
+from ..redact import one_line, redact
 from .job import MODE_HELP, add_job_arguments
 from .output import PROG
 
@@ -153,13 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = logging.getLogger("compile_cache")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    with _RedactedOutput():  # every line the command prints, --json included: no credential
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except (CompileCacheError, ValueError) as exc:
         # User errors: one line, no traceback. StoreError covers a corrupt archive, an unsafe or
         # read-only store; ValueError a bad key or value; ConfigError a bad size or variable.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
+        print(f"{PROG} {args.command}: error: {one_line(message)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -173,3 +180,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+class _Redacting:
+    """A text stream that writes what it is given with every credential redacted."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _RedactedOutput:
+    """``with _RedactedOutput():`` sys.stdout and sys.stderr redacted, restored afterwards."""
+
+    def __enter__(self) -> None:
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Redacting(sys.stdout), _Redacting(sys.stderr)
+
+    def __exit__(self, *exc: object) -> None:
+        if isinstance(sys.stdout, _Redacting):
+            sys.stdout = self._saved[0]
+        if isinstance(sys.stderr, _Redacting):
+            sys.stderr = self._saved[1]

@@ -67,7 +67,8 @@ def _differing_settings(entries: Sequence[Any]) -> dict[str, str]:
 
     groups: dict[str, list[Any]] = {}
     for e in entries:
-        structure = ((e.metadata or {}).get("model") or {}).get("structure")
+        model = (e.metadata or {}).get("model")  # entry.json is data from the store: any shape
+        structure = model.get("structure") if isinstance(model, dict) else None
         if isinstance(structure, str):
             groups.setdefault(structure, []).append(e)
     out: dict[str, str] = {}
@@ -238,6 +239,9 @@ def _problems(report: Any) -> list[tuple[str, str]]:
     out += [("unreadable stats file", str(p)) for p in report.bad_stats]
     out += [("empty entry", str(p)) for p in report.empty_entries]
     out += [("untrusted", f"{p}: {why}") for p, why in report.untrusted]
+    out += [("not checked (local error, pack left as it is)", f"{p}: {why}")
+            for p, why in report.unchecked]
+    out += [("not fixed", f"{p}: {why}") for p, why in report.not_fixed]
     return out
 
 

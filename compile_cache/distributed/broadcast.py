@@ -43,7 +43,7 @@ from .rendezvous import Ranks
 from .report import WarmUpReport
 from .steps import compile_under_lock, gone_key, local, note
 
-__all__ = ["KeyPlan", "plan_keys", "run"]
+__all__ = ["KeyPlan", "plan_keys", "publish_received", "run", "sender_payload"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -201,11 +201,15 @@ def _exchange(report: WarmUpReport, ranks: Ranks, ns: str, plan: KeyPlan,
     if go:
         import torch.distributed as dist
 
-        payload: list[Any] = [_payload(plan, session) if me == plan.sender else None]
+        payload: list[Any] = [sender_payload(plan, session) if me == plan.sender else None]
         dist.broadcast_object_list(payload, src=plan.sender, group=group)
         if me in plan.receivers:
-            received = _publish(plan, me, payload[0] or {}, session)
+            received, refused = publish_received(plan, me, payload[0] or {}, session)
             report.received_packs += received
+            if refused:
+                note(report, f"the packs of {key[:12]} came from rank {plan.sender}, which could "
+                     "not verify them with this rank's COMPILE_CACHE_SIGNING_KEY; not published "
+                     "(this rank compiles them itself)", warn=True)
     elif me in plan.receivers:
         note(report, f"the packs of {key[:12]} were not sent (a rank gave up or failed); "
              "ranks without them compile themselves")
@@ -223,7 +227,7 @@ def _store_at(location: str, session: CacheSession | None) -> Store:
     return Store(location)
 
 
-def _payload(plan: KeyPlan, session: CacheSession | None) -> dict[str, Any]:
+def sender_payload(plan: KeyPlan, session: CacheSession | None) -> dict[str, Any]:
     """The sender's message: the key's packs some receiving store lacks, and entry metadata."""
     store = _store_at(plan.src_store, session)
     packs = []
@@ -239,19 +243,28 @@ def _payload(plan: KeyPlan, session: CacheSession | None) -> dict[str, Any]:
     info = {k: v for k, v in (entry.metadata if entry is not None else {}).items() if k in _ENTRY_FIELDS}
     logger.info("compile_cache: sending %d pack(s) of %s to ranks %s", len(packs), plan.key[:12],
                 list(plan.receivers))
-    return {"packs": packs, "entry_info": info}
+    # Whose key checked these packs when they were loaded here (None: nobody's, no key here).
+    return {"packs": packs, "entry_info": info, "verified_by": store.signer}
 
 
-def _publish(plan: KeyPlan, me: int, payload: dict[str, Any], session: CacheSession | None) -> int:
-    """Publish the received packs into every store this receiver serves; how many packs came."""
+def publish_received(plan: KeyPlan, me: int, payload: dict[str, Any],
+             session: CacheSession | None) -> tuple[int, int]:
+    """Publish the received packs into every store this receiver serves: ``(packs that came,
+    stores that refused them)``. A store with a signing key takes only packs the sender loaded
+    through the same key: a keyless sender loads any unsigned pack planted in its store, and
+    publishing it here would sign it with this key (launder it)."""
     packs = payload.get("packs") or []
+    refused = 0
     for location in plan.stores.get(me, ()):
         store = _store_at(location, session)
+        if store.signer is not None and payload.get("verified_by") != store.signer:
+            refused += 1
+            continue
         for pack in packs:
             store.publish(plan.key, pack["members"], metadata=pack.get("metadata"),
                           entry_info=payload.get("entry_info"),
                           compile_seconds=float(pack.get("compile_seconds") or 0.0))
-    return len(packs)
+    return len(packs), refused
 
 
 def _restore(report: WarmUpReport, ranks: Ranks, ns: str, plan: KeyPlan, session: CacheSession,

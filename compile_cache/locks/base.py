@@ -20,7 +20,9 @@ hostname, or a pid number, never break each other's live lock.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import stat
 import threading
 import time
 import weakref
@@ -31,6 +33,7 @@ from types import TracebackType
 from .. import config
 from .._paths import HOSTNAME
 from ..errors import LockTimeoutError
+from .observe import CLOCK_SKEW, unchanged_for
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
@@ -102,8 +105,12 @@ class LockHolder:
 
     @property
     def age(self) -> float:
-        """Seconds since the holder's last heartbeat."""
-        return max(0.0, time.time() - self.time)
+        """Seconds since the holder's last heartbeat; ``inf`` for a heartbeat further in the
+        future than :data:`CLOCK_SKEW` (a clock that ran ahead: never trusted)."""
+        now = time.time()
+        if self.time > now + CLOCK_SKEW:
+            return math.inf
+        return max(0.0, now - self.time)
 
     def is_alive(self) -> bool | None:
         """Whether the holder process still runs; ``None`` when that cannot be known here.
@@ -163,11 +170,18 @@ def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
     """The holder recorded in a lock file or lock directory; ``None`` if absent or unreadable."""
     path = Path(lock_path)
     target = path / OWNER_FILE if path.is_dir() else path
-    try:
-        with open(target, encoding="utf-8", errors="replace") as fh:
-            return LockHolder.parse(fh.read(200))
+    try:  # non-blocking, no link: a FIFO planted as a lock record never hangs its reader
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return LockHolder.parse(os.read(fd, 200).decode("utf-8", errors="replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class _Heartbeat:
@@ -319,7 +333,14 @@ class BaseLock:
         return self._is_fresh(self.holder())
 
     def _is_fresh(self, holder: LockHolder | None) -> bool:
-        return holder is not None and holder.is_alive() is not False and holder.age <= self.stale_after
+        if holder is None or holder.is_alive() is False:
+            return False
+        if holder.age <= self.stale_after:
+            return True
+        # A heartbeat time in the future is not trusted: fresh only while the record changes,
+        # as this process's own clock sees it.
+        record = self.path / OWNER_FILE if self.path.is_dir() else self.path
+        return holder.age == math.inf and unchanged_for(record) <= self.stale_after
 
     def _beat(self) -> bool:
         """One heartbeat (the heartbeat thread); False when the lock is no longer ours."""

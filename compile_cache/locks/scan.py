@@ -19,6 +19,7 @@ from .base import (
     OWNER_FILE,
     read_holder,
 )
+from .observe import CLOCK_SKEW, unchanged_for
 
 __all__ = [
     "break_stale_lock",
@@ -49,7 +50,8 @@ def is_lock_leftover(name: str) -> bool:
 def heartbeat_age(lock_dir: str | os.PathLike[str]) -> float | None:
     """Seconds since the holder of a ``mkdir`` lock last showed it is alive: the newer of the
     time recorded in its owner file and that file's mtime (a holder's heartbeat refreshes
-    them). None when there is no readable owner file."""
+    them), each only if it is not in the future (beyond :data:`CLOCK_SKEW`). None when there
+    is no readable owner file, or when every time it has is in the future."""
     path = Path(lock_dir)
     holder = read_holder(path)
     if holder is None:
@@ -58,11 +60,14 @@ def heartbeat_age(lock_dir: str | os.PathLike[str]) -> float | None:
         mtime = os.stat(path / OWNER_FILE).st_mtime
     except OSError:
         mtime = holder.time
-    return max(0.0, time.time() - max(holder.time, mtime))
+    now = time.time()
+    trusted = [t for t in (holder.time, mtime) if t <= now + CLOCK_SKEW]
+    return max(0.0, now - max(trusted)) if trusted else None
 
 
 def is_stale(
-    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER
+    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
+    one_look: bool = False,
 ) -> bool:
     """Whether a lock left on disk is stale.
 
@@ -73,6 +78,11 @@ def is_stale(
     timeout. For a ``.lock`` file
     (fcntl/flock) the kernel already released it if the holder died, so it is stale (removable
     garbage) when nobody holds it now and it has not been touched for ``stale_after`` seconds.
+
+    A time in the future (a holder whose clock ran ahead) is never trusted: a waiter judges such
+    a lock on its own clock, stale once its record has not changed for ``stale_after`` seconds
+    (:func:`unchanged_for`); ``one_look`` (``verify``, which does not wait) calls it stale when
+    its times are more than ``stale_after`` ahead.
     """
     path = Path(lock_path)
     if path.is_dir():
@@ -83,17 +93,23 @@ def is_stale(
                 age = time.time() - path.stat().st_mtime
             except OSError:
                 return False
+            if age < -CLOCK_SKEW:  # made "in the future": judged by whether it changes
+                return (-age > limit) if one_look else unchanged_for(path) > limit
             # An owner file is written microseconds after mkdir: missing for long means a crash.
             return age > limit
         if holder.is_alive() is False:
             return True
         beat = heartbeat_age(path)
-        return (beat if beat is not None else holder.age) > limit
+        if beat is not None:
+            return beat > limit
+        if one_look:  # every time it has is ahead of ours: by more than the stale age, bogus
+            return holder.time - time.time() > limit
+        return unchanged_for(path / OWNER_FILE) > limit
     try:
         age = time.time() - path.stat().st_mtime
     except OSError:
         return False
-    if age <= stale_after:
+    if abs(age) <= stale_after:  # fresh, or in the future by less than the stale age
         return False
     try:
         fd = os.open(path, os.O_RDWR)
@@ -111,7 +127,8 @@ def is_stale(
 
 
 def break_stale_lock(
-    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER
+    lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
+    one_look: bool = False,
 ) -> bool:
     """Remove the lock at ``lock_path`` if :func:`is_stale`; return whether it was removed.
 
@@ -119,7 +136,7 @@ def break_stale_lock(
     then its owner is re-read; if the lock changed hands in between, it is renamed back.
     """
     path = Path(lock_path)
-    if not is_stale(path, stale_after=stale_after):
+    if not is_stale(path, stale_after=stale_after, one_look=one_look):
         return False
     if not path.is_dir():
         with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterable
@@ -20,6 +21,13 @@ logger = logging.getLogger("compile_cache")
 
 #: A JSON file (entry.json, a stats shard) larger than this is garbage, not read.
 MAX_JSON_BYTES = 4 << 20
+#: A JSON record nested deeper than this is garbage, not parsed (ours nest 6 levels at most; a
+#: deeply nested value planted by someone who can write the store or the bucket would otherwise
+#: end in a RecursionError that no handler expects).
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class StoreWarning(UserWarning):
@@ -78,6 +86,37 @@ def read_nofollow(path: Path, limit: int | None = None) -> bytes:
         return fh.read() if limit is None else fh.read(limit)
 
 
+def json_depth_ok(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``raw`` nests at most ``limit`` arrays/objects deep, told without
+    parsing it: strings dropped, then the innermost ``[]``/``{}`` pairs removed ``limit`` times
+    (each a C-speed pass). Unbalanced text passes here and fails in the parser."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return True
+        shorter = _INNERMOST.sub(b"", brackets)
+        if shorter == brackets:
+            return True
+        brackets = shorter
+    return not brackets
+
+
+def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, what: str = "record") -> Any:
+    """Parse one JSON record we read from the store (or a bucket), bounded in size and nesting
+    depth: any failure is a ``ValueError`` saying why (a skipped record or a counted miss for
+    the caller), never a ``RecursionError`` or ``MemoryError``."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} of {len(data)} bytes is over the limit of {max_bytes}")
+    try:  # the C parser first: it gives up at once on a value nested a million deep
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"{what} is not JSON: {type(exc).__name__}") from None
+    if (data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH) and not json_depth_ok(data):
+        raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
 def read_json_file(path: Path) -> tuple[dict[str, Any] | None, bool]:
     """(data, garbage): ``(None, False)`` if absent, ``(None, True)`` if unreadable as a JSON object."""
     try:
@@ -86,9 +125,15 @@ def read_json_file(path: Path) -> tuple[dict[str, Any] | None, bool]:
         return None, False
     except (OSError, UnsafePathError):
         return None, True
+    return json_object(raw)
+
+
+def json_object(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """(data, garbage) of a record that must be a JSON object: ``(None, True)`` unless it is one
+    (see :func:`parse_json`)."""
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        data = parse_json(raw)
+    except ValueError:
         return None, True
     return (data, False) if isinstance(data, dict) else (None, True)
 

@@ -15,10 +15,8 @@ most one chunk of it in memory.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
-import shutil
 import tarfile
 import time
 from collections.abc import Iterable
@@ -27,8 +25,8 @@ from typing import IO, TYPE_CHECKING
 
 from .._paths import HOSTNAME, check_key, check_member_name
 from .._sizes import format_size
-from ..errors import CorruptPackError, StoreError, UnsafePathError
-from ._io import MAX_JSON_BYTES, json_bytes, key_list, open_nofollow, read_json_file
+from ..errors import CorruptPackError, StoreError, UnsafePathError, UnsafeStorePathError
+from ._io import MAX_JSON_BYTES, json_bytes, key_list, parse_json
 from .layout import PACK_RE
 from .maintenance import recount_size
 from .pack import (
@@ -48,6 +46,9 @@ if TYPE_CHECKING:
 __all__ = ["export", "import_archive"]
 
 MANIFEST = "manifest.json"
+#: An archive with more members than this (directories included) is refused: an export holds
+#: an entry.json and a few packs per entry.
+MAX_ARCHIVE_MEMBERS = 100_000
 
 
 def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
@@ -55,7 +56,7 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
     layout = store.layout
     wanted = None if keys is None else key_list(keys)
     if wanted is not None:
-        missing = [k for k in wanted if not layout.entry_dir(k).is_dir()]
+        missing = [k for k in wanted if not store.fs.is_dir(layout.entry_dir(k))]
         if missing:
             raise StoreError(f"no such cache entries: {', '.join(missing)}")
     target = Path(path)
@@ -69,16 +70,20 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
                         "created": time.time(), "host": HOSTNAME, "keys": selected}
             _tar_add(tar, MANIFEST, json_bytes(manifest))
             for key in selected:
-                meta, _garbage = read_json_file(layout.entry_json(key))
+                meta, _garbage = store.fs.read_json(layout.entry_json(key))
                 if meta is not None:
                     _tar_add(tar, f"entries/{key}/entry.json", json_bytes(meta))
                 for pack_path in layout.pack_paths(key):
                     try:
-                        fh = open_nofollow(pack_path)
+                        fh = store.fs.open_read(pack_path)
                     except FileNotFoundError:
                         continue
-                    except CorruptPackError as exc:  # a symlink or special file planted there
-                        store._corrupt(pack_path, key, exc)
+                    except UnsafeStorePathError as exc:  # a link or a FIFO planted there
+                        if exc.reason == "type" or exc.reason == "link":
+                            store._corrupt(pack_path, key, exc)
+                        continue
+                    except OSError as exc:
+                        store._io_error("read", exc, pack_path)
                         continue
                     with fh:  # checked, then streamed from the same open file: never read whole
                         try:
@@ -119,11 +124,23 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
     try:
         try:
             with tarfile.open(path, "r:*") as tar:
+                seen = 0
                 for member in tar:
+                    tar.members = []  # streamed: tarfile would keep every member's info
+                    seen += 1
+                    if seen > MAX_ARCHIVE_MEMBERS:
+                        raise CorruptPackError(f"archive {path} has more than {MAX_ARCHIVE_MEMBERS} "
+                                               "members; refused")
                     _check_tar_member(member)
+                    declared += max(member.size, tarfile.BLOCKSIZE)  # a directory costs a block too
+                    if total_limit is not None and declared > total_limit:
+                        raise CorruptPackError(
+                            f"archive {path} holds more than the store's size cap of "
+                            f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
+                            f"{member.name!r}"
+                        )
                     if member.isdir():
                         continue
-                    declared += member.size
                     kind, limit = _classify(member.name, limits.max_pack_size)
                     if member.size > limit:
                         raise CorruptPackError(
@@ -139,7 +156,7 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
                         )
                     target = staging / f"{len(staged):06d}"
                     fh = tar.extractfile(member)
-                    _copy_bounded(fh, target, member.size, store.file_mode,
+                    _copy_bounded(fh, store.fs.create(target, store.file_mode), member.size,
                                   limits if kind.startswith("pack:") else None)
                     _validate_staged(store, member.name, kind, target)
                     key = kind.split(":", 1)[1] if ":" in kind else None
@@ -154,7 +171,8 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
             if kind != "manifest":
                 _import_member(store, name, kind, staged_file, report)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            store.fs.rmtree(staging)
     if report.packs_added:
         recount_size(store)  # what an import adds is counted by one walk
     return report
@@ -180,12 +198,12 @@ def _key(name: str, text: str) -> str:
 
 
 def _copy_bounded(
-    fh: IO[bytes] | None, target: Path, size: int, mode: int, limits: PackLimits | None,
+    fh: IO[bytes] | None, out: IO[bytes], size: int, limits: PackLimits | None,
 ) -> None:
-    """Copy at most ``size`` bytes (the declared size) from ``fh`` to a new file, in chunks; a
-    pack's prefix (``limits`` given) is checked against its declared size first."""
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-    with os.fdopen(fd, "wb") as out:
+    """Copy at most ``size`` bytes (the declared size) from ``fh`` to ``out`` (a new file,
+    closed here), in chunks; a pack's prefix (``limits`` given) is checked against its declared
+    size first."""
+    with out:
         remaining = size
         if limits is not None and fh is not None:
             prefix = fh.read(min(PREFIX_SIZE, size))
@@ -203,15 +221,15 @@ def _copy_bounded(
 def _validate_staged(store: Store, name: str, kind: str, staged: Path) -> None:
     if kind in ("manifest",) or kind.startswith("entry:"):
         try:
-            ok = isinstance(json.loads(staged.read_bytes().decode()), dict)
-        except (ValueError, UnicodeDecodeError):
+            ok = isinstance(parse_json(store.fs.read(staged, MAX_JSON_BYTES + 1)), dict)
+        except (ValueError, OSError):
             ok = False
         if not ok:
             what = "archive manifest.json" if kind == "manifest" else f"archive member {name!r}"
             raise CorruptPackError(f"{what} is not a JSON object")
         return
     key = kind.split(":", 1)[1]
-    fh = open_nofollow(staged)
+    fh = store.fs.open_read(staged)
     checked = store._check_pack(staged, fh, key)  # limits, checksum, signature, members
     try:
         if checked.content_hash() != name.rsplit("/", 1)[1][:-5]:
@@ -224,14 +242,13 @@ def _import_member(store: Store, name: str, kind: str, staged: Path, report: Imp
     key = kind.split(":", 1)[1]
     store._mkdirs(store.layout.packs_dir(key))
     if kind.startswith("entry:"):
-        store._write_entry_json(store.layout.entry_dir(key), staged.read_bytes())
+        store._write_entry_json(store.layout.entry_dir(key), store.fs.read(staged, MAX_JSON_BYTES))
         return
     target = store.layout.packs_dir(key) / name.rsplit("/", 1)[1]
-    if target.exists():
+    if store.fs.exists(target):
         report.packs_present += 1
         return
-    os.chmod(staged, store.file_mode)
-    os.replace(staged, target)  # same filesystem (v1/tmp): atomic, a reader sees all or nothing
+    store.fs.rename(staged, target)  # same filesystem (v1/tmp): atomic, a reader sees all or nothing
     store._touch_used(key)
     report.packs_added += 1
 

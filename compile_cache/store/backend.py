@@ -29,6 +29,7 @@ from typing import IO, Any, Protocol, TypeVar
 
 from .. import config
 from ..errors import StoreError
+from ..redact import one_line, redact
 
 __all__ = [
     "FsspecBackend", "ObjectBackend", "ObjectInfo", "RemoteError", "RetryingBackend", "TooLargeError", "is_url",
@@ -38,7 +39,6 @@ __all__ = [
 logger = logging.getLogger("compile_cache")
 
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 #: Seconds every call fails at once after one has failed all its retries.
 DOWN_FOR = 30.0
 #: First backoff; doubled after each failed try.
@@ -53,11 +53,6 @@ class RemoteError(StoreError):
 def is_url(location: object) -> bool:
     """Whether ``location`` names object storage (``scheme://...``) rather than a directory."""
     return isinstance(location, str) and _URL_RE.match(location.strip()) is not None
-
-
-def redact(url: str) -> str:
-    """``url`` without a ``user:password@`` part (credentials never reach a log or a report)."""
-    return _USERINFO_RE.sub(r"\1", url)
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,7 @@ class RetryingBackend:
                     delay *= 2
         self._down_until = time.monotonic() + DOWN_FOR
         raise RemoteError(f"{redact(self.url)}: {what} failed after {self.attempts} tries: "
-                          f"{type(last).__name__}: {last}") from None
+                          f"{type(last).__name__}: {one_line(last)}") from None
 
 
 class FsspecBackend(RetryingBackend):

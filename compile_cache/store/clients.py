@@ -28,6 +28,7 @@ def open_backend(url: str) -> ObjectBackend:
     if protocol in ("s3", "s3a"):
         from . import s3, s3_auth  # here: http.client and ssl only for an s3:// store
 
+        s3_auth.check_environment()  # a key ending in a newline: a clear error, never its value
         if config.S3_CLIENT.value() == "s3fs":
             chosen, why = None, "COMPILE_CACHE_S3_CLIENT=s3fs"
         else:

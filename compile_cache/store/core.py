@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._paths import HOSTNAME, atomic_write, check_key
+from .._paths import HOSTNAME, check_key
 from .._sizes import parse_age, parse_size
 from ..errors import StoreError
 from ..locks import BaseLock, lock_mode_for, make_lock
@@ -33,10 +33,10 @@ from ._io import (
     errno_name,
     key_list,
     make_dirs,
-    read_json_file,
     torch_version,
     warn_once,
 )
+from .fs import StoreFS
 from .layout import Layout
 from .pack import FORMAT_VERSION, PackLimits, signer_id
 from .reader import CheckedPack
@@ -95,8 +95,10 @@ class Store:
         #: The bounds a pack must stay within (COMPILE_CACHE_MAX_PACK_SIZE, ...).
         self.limits: PackLimits = PackLimits.from_config()
         self.lock_mode, self.lock_reason = lock_mode_for(self.root)
+        #: Every file operation in the store (:mod:`.fs`: no link inside the store is followed).
+        self.fs = StoreFS(self.root, self.shared_group)
         #: Every path of the store (``v1/entries/...``, ``stats/``, ``locks/``, ...).
-        self.layout = Layout(self.root)
+        self.layout = Layout(self.root, self.fs)
         self.base = self.layout.base
         self.entries_dir = self.layout.entries_dir
         self.stats_dir = self.layout.stats_dir
@@ -121,8 +123,9 @@ class Store:
                 self._mkdirs(self.root, anchor=None)
             except OSError as exc:
                 self._go_read_only(f"cannot create {self.root}: {exc.strerror or exc}")
-        # The root (symlinks resolved, each symlink ours) and every directory of the layout.
-        check_tree(self.root, (self.base, *self.layout.dirs), self.shared_group)
+        # The root (symlinks resolved, each ours), every layout dir (no link: refused at use too).
+        check_tree(self.root, (), self.shared_group)
+        self.fs.check_dirs((self.base, *self.layout.dirs))
         if os.path.isdir(self.root) and not os.access(self.root, os.R_OK | os.X_OK):
             self._go_read_only(f"{self.root} is not readable by this user")
         if not self.read_only:
@@ -132,8 +135,7 @@ class Store:
                 self._go_read_only(f"{self.root} is not writable by this user")
             else:
                 try:
-                    for directory in self.layout.dirs:
-                        self._mkdirs(directory)
+                    self.fs.make_dirs(self.layout.dirs, self.dir_mode)
                 except OSError as exc:
                     self._go_read_only(f"cannot write in {self.root}: {exc.strerror or exc}")
 
@@ -153,8 +155,12 @@ class Store:
             raise StoreError(f"cannot {what}: compile cache {self.root} is read-only ({self.read_only_reason})")
 
     def _mkdirs(self, path: Path, anchor: Path | None = ...) -> None:  # type: ignore[assignment]
-        """Create ``path`` and missing parents below ``anchor`` (default: the store root) with our mode."""
-        make_dirs(path, self.root if anchor is ... else anchor, self.dir_mode)
+        """Create ``path`` and missing parents below ``anchor`` (default: the store root, and then
+        never through a link inside it) with our mode."""
+        if anchor is ... or anchor == self.root:
+            self.fs.mkdirs(path, self.dir_mode)
+        else:
+            make_dirs(path, anchor, self.dir_mode)
 
     def _io_error(self, what: str, exc: BaseException, path: Path | None = None) -> None:
         kind = errno_name(exc)
@@ -164,7 +170,7 @@ class Store:
         self._bump(errors=1, errors_by_kind={kind: 1})
 
     def _write(self, target: Path, data: Any, *, exclusive: bool = False, fsync: bool = True) -> bool:
-        return atomic_write(target, data, mode=self.file_mode, exclusive=exclusive, fsync=fsync)
+        return self.fs.write(target, data, mode=self.file_mode, exclusive=exclusive, fsync=fsync)
 
     def _touch_used(self, key: str) -> None:
         """Mark ``key`` used now (LRU): the ``used`` file's mtime, created with the store's mode."""
@@ -174,14 +180,7 @@ class Store:
             self.remote.record_use(self, key)
         used = self.layout.used_file(key)
         try:
-            os.utime(used)
-        except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                fd = os.open(used, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), self.file_mode)
-                try:
-                    os.fchmod(fd, self.file_mode)  # exact, whatever the umask (group mode: 0664)
-                finally:
-                    os.close(fd)
+            self.fs.touch(used, self.file_mode)
         except PermissionError:
             # Another member's file without group write (an older store): replace it by ours.
             with contextlib.suppress(OSError):
@@ -191,7 +190,8 @@ class Store:
 
     def _lock_at(self, base: Path, timeout: float | None, wait_alive: float | None = None) -> BaseLock:
         """A lock under this store's locks dir, with its mode, permissions and stale age."""
-        return make_lock(base, mode=self.lock_mode, timeout=timeout,
+        usable = self.fs.is_dir(self.layout.locks_dir)  # a link there: no lock (never needed)
+        return make_lock(base, mode=self.lock_mode if usable else "none", timeout=timeout,
                          stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
                          dir_mode=self.dir_mode, file_mode=self.file_mode)
 
@@ -299,7 +299,7 @@ class Store:
     def _write_entry_json(self, entry: Path, data: bytes) -> int:
         """Write ``entry.json`` unless a good one exists; the bytes this added to the store."""
         path = entry / "entry.json"
-        current, garbage = read_json_file(path)
+        current, garbage = self.fs.read_json(path)
         if current is not None:
             return 0
         return len(data) if self._write(path, data, exclusive=not garbage) and not garbage else 0
@@ -346,9 +346,9 @@ class Store:
             return None
         target = self.layout.quarantine_path(key, path)
         try:
-            size = os.lstat(path).st_size
+            size = self.fs.lstat(path).st_size
             self._mkdirs(self.quarantine_dir)
-            os.replace(path, target)
+            self.fs.rename(path, target)
         except OSError:
             return None
         self._bump(stored_bytes=-size)
@@ -437,8 +437,7 @@ class Store:
         """Merge each entry's packs (all, or ``keys``) into one holding its current generation."""
         if not dry_run:
             self._require_writable("compact")
-        done = [maintenance.compact(self, k, dry_run) for k in key_list(keys or self.layout.keys())]
-        return [d for d in done if d is not None]
+        return maintenance.compact_all(self, key_list(keys or self.layout.keys()), dry_run)
 
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""

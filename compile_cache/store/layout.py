@@ -33,7 +33,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import config
 from .._paths import HOSTNAME
+from .fs import StoreFS
 
 __all__ = ["LAYOUT_DIR", "PACK_RE", "Layout", "RemoteEntry", "RemoteLayout"]
 
@@ -47,8 +49,10 @@ _KEY_RE = re.compile(r"[0-9a-f]{8,128}")
 class Layout:
     """Every path of the store at ``root``, and the listings that follow the layout."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, fs: StoreFS | None = None) -> None:
         self.root = root
+        #: Every file operation under ``root`` (:mod:`.fs`: no link inside the store is followed).
+        self.fs = fs if fs is not None else StoreFS(root, config.SHARED.value())
         self.base = root / LAYOUT_DIR
         self.entries_dir = self.base / "entries"
         self._entries = str(self.entries_dir)
@@ -113,14 +117,14 @@ class Layout:
     def keys(self) -> Iterator[str]:
         """Every key with an entry directory, sorted."""
         try:
-            prefixes = sorted(os.listdir(self.entries_dir))
+            prefixes = sorted(self.fs.listdir(self.entries_dir))
         except OSError:
             return
         for prefix in prefixes:
             if not _PREFIX_RE.fullmatch(prefix):
                 continue
             try:
-                keys = sorted(os.listdir(self.entries_dir / prefix))
+                keys = sorted(self.fs.listdir(self.entries_dir / prefix))
             except OSError:
                 continue
             for key in keys:
@@ -136,7 +140,7 @@ class Layout:
         """The names of ``key``'s pack files, sorted: the one listing of a key's packs (a
         directory listing NFS may serve from its attribute cache; callers may list again)."""
         try:
-            names = os.listdir(self.entry_strings(key)[3])
+            names = self.fs.listdir(self.entry_strings(key)[3])
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError:
@@ -160,11 +164,13 @@ class RemoteEntry:
     @property
     def last_used(self) -> float:
         """The newest use record's time (its name starts with the time in ns), else ``newest``."""
+        now = time.time()
         for name in reversed(self.uses):
             head = name.split("-", 1)[0]
-            if head.isdigit():
-                return int(head) / 1e9
-        return self.newest
+            if head.isdigit() and len(head) <= 20:  # ns since 1970 (a longer one is garbage)
+                if int(head) / 1e9 <= now + 60:  # one in the future is not trusted: skipped
+                    return int(head) / 1e9
+        return min(self.newest, now)
 
 
 class RemoteLayout:

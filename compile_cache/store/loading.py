@@ -9,19 +9,19 @@ taken again; an entry that vanished is a miss, never a part of it), then checked
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._paths import check_key
-from ..errors import CorruptPackError, UnsafePathError
-from ._io import open_nofollow, torch_version, warn_once
+from ..errors import CorruptPackError, UnsafeStorePathError
+from ._io import torch_version, warn_once
 from .members import BadMemberError, member_problem
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .reader import CheckedPack, PackMembers, open_pack_file
 from .records import Pack, PackInfo
-from .safety import trust_problem
 
 if TYPE_CHECKING:
     from .core import Store
@@ -42,7 +42,13 @@ def load(store: Store, key: str) -> list[Pack]:
     mismatched: list[str] = []
     for path, fh in opened:
         try:
+            if isinstance(fh, Reopener):
+                reopener, fh = fh, fh.open()
+            else:
+                reopener = None
             checked = check_pack(store, fh, key)
+            if reopener is not None:
+                checked.reopen_on_demand(reopener.read_at, reopener.close)
         except IncompatiblePackError as exc:
             logger.info("skipping pack %s: %s", path, exc)
             store._bump(incompatible=1)
@@ -91,6 +97,9 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
     for _attempt in range(attempts):
         try:
             paths = store.layout.pack_paths(key, strict=True)
+        except UnsafeStorePathError as exc:  # a link on the way: refused, never followed
+            _untrusted(store, str(exc))
+            return None
         except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
             store._io_error("read", exc, store.layout.packs_dir(key))
             return None
@@ -98,52 +107,105 @@ def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, A
             return None
         if not _entry_trusted(store, key):
             return None
-        opened: list[tuple[Path, Any]] = []
-        vanished = False
-        for path in paths:
-            try:
-                fh = open_nofollow(path)
-            except FileNotFoundError:
-                vanished = True
-                break
-            except UnsafePathError as exc:
-                store._corrupt(path, key, exc)
-                continue
-            except OSError as exc:
-                store._io_error("read", exc, path)
-                continue
-            problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
-            if problem is not None:
-                fh.close()
-                _untrusted(store, problem.message)
-                continue
-            opened.append((path, fh))
+        try:
+            with store.fs.directory(store.layout.packs_dir(key), trust=True) as at:
+                opened, vanished = _open_listed(store, key, paths, at)
+        except OSError:
+            return None  # gone meanwhile, or refused (counted by _entry_trusted)
         if not vanished:
             return opened
         for _path, fh in opened:
             fh.close()
-        if not store.layout.entry_dir(key).is_dir():
+        if not store.fs.is_dir(store.layout.entry_dir(key)):
             return None  # evicted while we read it: a miss, not a part of it
     logger.info("compile cache: entry %s kept changing while it was read; a miss", key[:12])
     return None
 
-def _entry_trusted(store: Store, key: str) -> bool:
-    """The directories from ``entries/`` down to the key's ``packs/`` may be trusted."""
-    entry = store.layout.entry_dir(key)
-    for directory in (entry.parent, entry, store.layout.packs_dir(key)):
+
+#: Packs a load keeps open at once; the packs of an entry past it are opened, checked and
+#: closed one at a time, and opened again (the same file) when a member is read.
+OPEN_BUDGET = 64
+
+
+class Reopener:
+    """Opens one pack file again on demand, refusing a different file under its name (another
+    inode, size or mtime than when it was listed: replaced meanwhile)."""
+
+    def __init__(self, store: Store, path: Path, fh: Any) -> None:
+        self._store, self.path = store, path
+        st = os.fstat(fh.fileno())
+        self._identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def open(self) -> Any:
+        """The pack file, open (the caller's to close), if it is still the one listed."""
+        fh = open_pack_path(self._store, self.path)
+        st = os.fstat(fh.fileno())
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
+            fh.close()
+            raise FileNotFoundError(errno.ENOENT, "pack replaced since it was listed", str(self.path))
+        return fh
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset``, the file open only meanwhile (holding no descriptor)."""
+        with self.open() as fh:
+            return os.pread(fh.fileno(), n, offset)
+
+    def close(self) -> None:
+        """Nothing is held between reads."""
+
+
+def open_pack_path(store: Store, path: Path, at: int | None = None) -> Any:
+    """Open one pack of the store for reading: no link followed, a regular file, trusted (see
+    :meth:`~.fs.StoreFS.open_read`); ``at``: its directory, already open. Tests replace it to
+    race other processes."""
+    if at is not None:
+        return store.fs.open_read_in(at, path, trust=True)
+    return store.fs.open_read(path, trust=True)
+
+
+def _open_listed(store: Store, key: str, paths: list[Path],
+                 at: int) -> tuple[list[tuple[Path, Any]], bool]:
+    """Open the listed packs (in their directory, open at ``at``): ``(opened, vanished)``; past
+    :data:`OPEN_BUDGET` a pack is noted (:class:`Reopener`) and closed again."""
+    opened: list[tuple[Path, Any]] = []
+    for path in paths:
         try:
-            st = os.lstat(directory)
-        except OSError:
-            return True  # gone: the pack listing says so
-        if not os.path.isdir(directory) or os.path.islink(directory):
-            _untrusted(store, f"refusing to use compile cache directory {directory}: it is a "
-                            "symlink or not a directory")
-            return False
-        problem = trust_problem(st, directory, store.shared_group)
-        if problem is not None:
-            _untrusted(store, problem.message)
-            return False
-    return True
+            fh = open_pack_path(store, path, at)
+        except FileNotFoundError:
+            for _path, other in opened:
+                other.close()
+            return [], True
+        except UnsafeStorePathError as exc:
+            if exc.reason == "trust":
+                _untrusted(store, exc.strerror)
+            else:  # a link, a FIFO, a device where a pack should be: set aside
+                store._corrupt(path, key, exc)
+            continue
+        except OSError as exc:
+            store._io_error("read", exc, path)
+            continue
+        if len(opened) >= OPEN_BUDGET:  # past the budget: checked one at a time, later
+            try:
+                reopener = Reopener(store, path, fh)
+            finally:
+                fh.close()
+            fh = reopener
+        opened.append((path, fh))
+    return opened, False
+
+
+def _entry_trusted(store: Store, key: str) -> bool:
+    """The directories from the store root down to the key's ``packs/`` may be trusted (none
+    a link: :mod:`.fs` refuses those)."""
+    try:
+        with store.fs.directory(store.layout.packs_dir(key), trust=True):
+            return True
+    except UnsafeStorePathError as exc:
+        _untrusted(store, exc.strerror)
+        return False
+    except OSError:
+        return True  # gone, or unreadable: the pack listing says so
+
 
 def _untrusted(store: Store, message: str) -> None:
     warn_once(store.root, "untrusted", f"compile cache: {message}; treated as a miss")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from .._paths import is_temp_name
 from .._sizes import format_size
-from ..errors import CorruptPackError
+from ..errors import CorruptPackError, UnsafeStorePathError
 from ..locks import optional_lock
 from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
 from . import generations, stats
-from ._io import check_seconds, open_nofollow, read_json_file
+from ._io import check_seconds, errno_name
 from .pack import IncompatiblePackError, SignatureMismatchError, content_hash, encode_pack
 from .records import CompactReport, EntryInfo, VerifyReport
 from .safety import trust_problem
@@ -35,6 +34,7 @@ __all__ = [
     "QUARANTINE_KEEP",
     "clear",
     "compact",
+    "compact_all",
     "enforce_cap",
     "evict",
     "recount_size",
@@ -67,20 +67,21 @@ def recount_size(store: Store) -> int:
 def _usage(store: Store) -> list[tuple[str, int, float]]:
     """``(key, bytes, last used)`` of every entry, from stat calls only (no pack is opened)."""
     out = []
+    now = time.time()
     for key in store.layout.keys():
         size, newest = 0, 0.0
         for directory in (store.layout.entry_dir(key), store.layout.packs_dir(key)):
-            with contextlib.suppress(OSError), os.scandir(directory) as it:
-                for item in it:
-                    with contextlib.suppress(OSError):
-                        if item.is_file(follow_symlinks=False):
-                            st = item.stat(follow_symlinks=False)
-                            size += st.st_size
-                            newest = max(newest, st.st_mtime)
+            with contextlib.suppress(OSError):
+                for name, st in store.fs.files(directory):
+                    size += st.st_size
+                    if name != "used":
+                        newest = max(newest, st.st_mtime)
         try:
-            used = os.stat(store.layout.used_file(key)).st_mtime
+            used = store.fs.lstat(store.layout.used_file(key)).st_mtime
         except OSError:
             used = newest
+        if used > now + 60:  # a time in the future is not trusted: the entry's files' say
+            used = min(newest, now)
         out.append((key, size, used))
     return out
 
@@ -161,14 +162,17 @@ def remove_entry_dir(store: Store, path: Path) -> bool:
     aside = store.layout.aside_path(path)
     try:
         store._mkdirs(store.layout.tmp_dir)
-        os.rename(path, aside)
+        store.fs.rename(path, aside)
     except FileNotFoundError:
         return False
     except OSError as exc:
         logger.debug("could not move %s aside (%s); deleting in place", path, exc)
-        shutil.rmtree(path, ignore_errors=True)
-        return not path.exists()
-    shutil.rmtree(aside, ignore_errors=True)
+        try:
+            return store.fs.rmtree(path)
+        except OSError:
+            return False
+    with contextlib.suppress(OSError):
+        store.fs.rmtree(aside)
     return True
 
 
@@ -178,11 +182,11 @@ def prune_quarantine(store: Store, keep: float) -> list[Path]:
     cutoff = time.time() - keep
     quarantine = store.layout.quarantine_dir
     with contextlib.suppress(OSError):
-        for name in os.listdir(quarantine):
+        for name in store.fs.listdir(quarantine):
             path = quarantine / name
             with contextlib.suppress(OSError):
-                if os.lstat(path).st_mtime < cutoff:
-                    os.unlink(path)
+                if store.fs.lstat(path).st_mtime < cutoff:
+                    store.fs.unlink(path)
                     old.append(path)
     return old
 
@@ -197,12 +201,18 @@ def clear(store: Store) -> int:
     return count
 
 
-def _remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
+def _remove_path(store: Store, path: Path) -> None:
+    with contextlib.suppress(OSError):
+        store.fs.remove(path)
+
+
+def _odd_lock(store: Store, path: Path) -> bool:
+    """Whether the lock name ``path`` holds something no lock of ours is (a link, a FIFO)."""
+    try:
+        mode = store.fs.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode))
 
 
 def verify(
@@ -217,104 +227,122 @@ def verify(
 
     def old(path: Path) -> bool:
         try:
-            return now - os.lstat(path).st_mtime > temp_age
+            return now - store.fs.lstat(path).st_mtime > temp_age
         except OSError:
             return False
 
     for key in list(layout.keys()):
         report.checked_entries += 1
         entry = layout.entry_dir(key)
-        _data, garbage = read_json_file(layout.entry_json(key))
+        _data, garbage = store.fs.read_json(layout.entry_json(key))
         if garbage:
             report.bad_entries.append(layout.entry_json(key))
             if fix:
-                with contextlib.suppress(OSError):
-                    os.unlink(layout.entry_json(key))
+                _remove_path(store, layout.entry_json(key))
         for directory in (entry, layout.packs_dir(key)):
             with contextlib.suppress(OSError):
-                for name in os.listdir(directory):
+                for name in store.fs.listdir(directory):
                     if is_temp_name(name) and old(directory / name):
                         report.orphaned_temp.append(directory / name)
                         if fix:
-                            with contextlib.suppress(OSError):
-                                os.unlink(directory / name)
+                            _remove_path(store, directory / name)
         for directory in (entry.parent, entry, layout.packs_dir(key)):
-            with contextlib.suppress(OSError):
-                problem = trust_problem(os.lstat(directory), directory, store.shared_group)
-                if problem is not None:
-                    report.untrusted.append((directory, problem.message))
+            try:
+                st = store.fs.lstat(directory)
+            except OSError:
+                continue
+            problem = trust_problem(st, directory, store.shared_group)
+            if not stat.S_ISDIR(st.st_mode):
+                report.untrusted.append((directory, f"{directory} is a symlink or not a "
+                                         "directory: compile_cache follows no link in its store"))
+            elif problem is not None:
+                report.untrusted.append((directory, problem.message))
         packs = layout.pack_paths(key)
         for path in packs:
             report.checked_packs += 1
             try:
-                fh = open_nofollow(path)
-                problem = trust_problem(os.fstat(fh.fileno()), path, store.shared_group)
-                if problem is not None:
-                    fh.close()
-                    report.untrusted.append((path, problem.message))
-                    continue
+                fh = store.fs.open_read(path)
                 # The same checks as a restoring job's load (limits, checksum, signature, members).
                 store._check_pack(path, fh, key, labels).close()
             except FileNotFoundError:
                 continue
+            except UnsafeStorePathError as exc:
+                if exc.reason != "type":
+                    report.untrusted.append((path, str(exc)))
+                    continue
+                report.corrupt_packs.append((path, str(exc)))  # a FIFO, a device, a directory
+                if fix:
+                    store._quarantine(path, key)
+                    store._bump(corrupt=1)
             except IncompatiblePackError:
                 report.incompatible_packs.append(path)
             except SignatureMismatchError:
                 report.other_signer_packs.append(path)
-            except (CorruptPackError, OSError) as exc:
+            except CorruptPackError as exc:  # only a content check sets a pack aside
                 report.corrupt_packs.append((path, str(exc)))
                 if fix:
                     store._quarantine(path, key)
                     store._bump(corrupt=1)
+            except OSError as exc:  # this node's error (EMFILE, EIO): counted, the pack kept
+                report.unchecked.append((path, f"{errno_name(exc)}: {exc}"))
+                store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
         try:  # superseded generations: listed, merged away with fix
             compacted = compact(store, key, dry_run=not fix)
-        except (OSError, CorruptPackError) as exc:
+        except OSError as exc:  # ENOSPC mid-merge: said so, never "OK"
+            report.not_fixed.append((entry, f"could not compact: {errno_name(exc)}: {exc}"))
+            store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
+            compacted = None
+        except CorruptPackError as exc:  # a pack changed under us: the next run compacts
             logger.debug("could not compact %s: %s", key, exc)
             compacted = None
         if compacted is not None:
             report.compactable.append(compacted)
             packs = layout.pack_paths(key)
-        anchor = layout.packs_dir(key) if layout.packs_dir(key).is_dir() else entry
+        anchor = layout.packs_dir(key) if store.fs.is_dir(layout.packs_dir(key)) else entry
         if not packs and old(anchor):
             report.empty_entries.append(entry)
             if fix:
                 remove_entry_dir(store, entry)
 
     with contextlib.suppress(OSError):
-        for name in os.listdir(layout.tmp_dir):
+        for name in store.fs.listdir(layout.tmp_dir):
             if old(layout.tmp_dir / name):
                 report.orphaned_temp.append(layout.tmp_dir / name)
                 if fix:
-                    _remove_path(layout.tmp_dir / name)
+                    _remove_path(store, layout.tmp_dir / name)
     with contextlib.suppress(OSError):
-        for name in os.listdir(layout.locks_dir):
+        for name in store.fs.listdir(layout.locks_dir):
             path = layout.locks_dir / name
             if is_lock_leftover(name) or is_temp_name(name):
                 if old(path):
                     report.orphaned_temp.append(path)
                     if fix:
-                        _remove_path(path)
+                        _remove_path(store, path)
+            elif is_lock_name(name) and _odd_lock(store, path):
+                report.orphaned_temp.append(path)  # a link or a FIFO: no lock of ours, never followed
+                if fix:
+                    _remove_path(store, path)
             elif is_lock_name(name):
                 # A lockdir is stale by its holder's heartbeat; an unheld lock file is only
                 # garbage, kept as long as a temp file (copying a store must not flag its locks).
-                age = lock_stale_after if path.is_dir() else max(lock_stale_after, temp_age)
-                if is_stale(path, stale_after=age):
+                age = lock_stale_after if store.fs.is_dir(path) else max(lock_stale_after, temp_age)
+                if is_stale(path, stale_after=age, one_look=True):
                     report.stale_locks.append(path)
                     if fix:
-                        break_stale_lock(path, stale_after=age)
+                        break_stale_lock(path, stale_after=age, one_look=True)
     with contextlib.suppress(OSError):
-        for name in os.listdir(layout.stats_dir):
+        for name in store.fs.listdir(layout.stats_dir):
             path = layout.stats_dir / name
             if is_temp_name(name):
                 if old(path):
                     report.orphaned_temp.append(path)
                     if fix:
-                        path.unlink(missing_ok=True)
+                        _remove_path(store, path)
                 continue
-            if read_json_file(path)[1]:
+            if store.fs.read_json(path)[1]:
                 report.bad_stats.append(path)
                 if fix:
-                    path.unlink(missing_ok=True)
+                    _remove_path(store, path)
     if fix:
         report.old_quarantine = prune_quarantine(store, QUARANTINE_KEEP)
     exact = total_size(store)
@@ -322,6 +350,25 @@ def verify(
     if fix and not store.read_only:
         stats.correct_size(store, exact)
     return report
+
+
+def compact_all(store: Store, keys: list[str], dry_run: bool) -> list[CompactReport]:
+    """:func:`compact` of each of ``keys`` (``Store.compact``, prune): an entry that cannot be
+    compacted now (ENOSPC, a pack another process removed meanwhile) is a counted error or
+    skipped, never the end of the run."""
+    done = []
+    for key in keys:
+        try:
+            report = compact(store, key, dry_run)
+        except OSError as exc:
+            store._io_error("compact", exc, store.layout.entry_dir(key))
+            continue
+        except CorruptPackError as exc:
+            logger.debug("could not compact %s: %s", key, exc)
+            continue
+        if report is not None:
+            done.append(report)
+    return done
 
 
 def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
@@ -332,7 +379,8 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
     the newest merged pack's creation time, so a pack another process publishes meanwhile is
     still the newer one; packs that arrive during the merge are never touched.
     """
-    plan = generations.compaction(store.entry(key).packs if store.entry(key) else ())
+    entry = store.entry(key)
+    plan = generations.compaction([p for p in entry.packs if _ours(store, p)] if entry else [])
     if plan is None:
         return None
     merged, _ = plan
@@ -340,12 +388,24 @@ def compact(store: Store, key: str, dry_run: bool) -> CompactReport | None:
                            bytes_before=sum(p.size for p in merged))
     if dry_run:
         return report
-    loaded = {p.info.name: p for p in store.load(key)}
+    loaded = {}
+    for pack in store.load(key):
+        if _ours(store, pack.info):
+            loaded[pack.info.name] = pack
+        else:
+            pack.close()  # another signer's (or signed, for a keyless run): kept as it is
     try:
         return _merge(store, key, report, merged, loaded)
     finally:
         for pack in loaded.values():
             pack.close()
+
+
+def _ours(store: Store, info: Any) -> bool:
+    """Whether maintenance may rewrite the pack ``info``: one it verifies with its own key (with
+    a key), or an unsigned one (without). Other signers' packs are kept as they are: a keyless
+    ``prune`` must not merge signed packs into an unsigned one that no keyed reader loads."""
+    return store.usable(info) if store.signing_key is not None else not info.signed
 
 
 def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
@@ -373,7 +433,7 @@ def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
     name = content_hash(members, store.signer)
     target = store.layout.pack_path(key, name)
     added = 0  # what the store's size counter gains (the merged pack) and loses (the merged ones)
-    if members and not target.exists():
+    if members and not store.fs.exists(target):
         _, chunks, size = encode_pack(
             key, members, metadata, signing_key=store.signing_key, name=name,
             created=max(p.info.created for p in described),
@@ -385,13 +445,13 @@ def _merge(store: Store, key: str, report: CompactReport, merged: list[Any],
     for pack in described:
         if pack.info.name != name:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(pack.info.path)
+                store.fs.unlink(pack.info.path)
                 added -= pack.info.size
     if added:
         store._bump(stored_bytes=added)
     report.written = target if members else None
     with contextlib.suppress(OSError):
-        report.bytes_after = os.lstat(target).st_size if members else 0
+        report.bytes_after = store.fs.lstat(target).st_size if members else 0
     logger.info("compacted %s: %d packs into one (%s -> %s)", key[:12], len(described),
                 format_size(report.bytes_before), format_size(report.bytes_after))
     return report

@@ -19,6 +19,7 @@ and tables only. This module knows bytes, not the disk layout and not torch.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -131,12 +132,15 @@ def is_complete_library(data: bytes | bytearray | memoryview | str | os.PathLike
     if isinstance(data, (bytes, bytearray, memoryview)):
         view = memoryview(data)
         return library_problem(len(view), lambda off, n: bytes(view[off : off + n])) is None
-    try:
-        fd = os.open(data, os.O_RDONLY)
+    try:  # non-blocking: a FIFO is no library, and must not hang the capture
+        fd = os.open(data, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return False
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        size = st.st_size
         return library_problem(size, lambda off, n: os.pread(fd, n, off)) is None
     finally:
         os.close(fd)

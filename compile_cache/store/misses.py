@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._paths import HOSTNAME
-from ._io import json_bytes, read_json_file
+from ._io import json_bytes
 
 if TYPE_CHECKING:
     from .core import Store
@@ -35,7 +35,7 @@ def entry_records(store: Store) -> Iterator[tuple[str, dict[str, Any], int]]:
     """``(key, entry.json record, number of packs)`` for every entry; cheap: no pack is read."""
     layout = store.layout
     for key in layout.keys():
-        record, _garbage = read_json_file(layout.entry_json(key))
+        record, _garbage = store.fs.read_json(layout.entry_json(key))
         yield key, record or {}, len(layout.pack_file_names(key))
 
 
@@ -49,7 +49,7 @@ def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) 
         blob = json_bytes(data)
         store._mkdirs(store.layout.misses_dir)
         store._write(store.layout.miss_file(key), blob, fsync=False)
-        names = sorted(os.listdir(store.layout.misses_dir))
+        names = sorted(store.fs.listdir(store.layout.misses_dir))
     except (OSError, TypeError, ValueError) as exc:
         logger.debug("could not record the miss of %s: %s", key, exc)
         return
@@ -57,21 +57,21 @@ def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) 
     for name in names:
         if name.endswith(".json"):
             with contextlib.suppress(OSError):
-                stamped.append((os.stat(store.layout.misses_dir / name).st_mtime, name))
+                stamped.append((store.fs.lstat(store.layout.misses_dir / name).st_mtime, name))
     for _mtime, name in sorted(stamped, reverse=True)[MISS_KEEP:]:
         with contextlib.suppress(OSError):
-            os.unlink(store.layout.misses_dir / name)
+            store.fs.unlink(store.layout.misses_dir / name)
 
 
 def last_misses(store: Store, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
     """The recorded misses, newest first (at most ``limit``); unreadable records are skipped."""
     try:
-        names = [n for n in os.listdir(store.layout.misses_dir) if n.endswith(".json")]
+        names = [n for n in store.fs.listdir(store.layout.misses_dir) if n.endswith(".json")]
     except OSError:
         return []
     out = []
     for name in names:
-        data, _garbage = read_json_file(store.layout.misses_dir / name)
+        data, _garbage = store.fs.read_json(store.layout.misses_dir / name)
         if isinstance(data, dict) and isinstance(data.get("key"), str):
             out.append(data)
     out.sort(key=lambda d: float(d.get("time") or 0.0), reverse=True)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
+import stat
 import struct
 import time
 from collections.abc import Mapping
@@ -34,7 +34,7 @@ from typing import Any
 from .. import config
 from .._paths import HOSTNAME, check_key, check_member_name
 from ..errors import CorruptPackError
-from ._io import json_bytes, torch_version
+from ._io import json_bytes, parse_json, torch_version
 
 __all__ = [
     "CHUNK",
@@ -51,6 +51,7 @@ __all__ = [
     "content_hash",
     "encode_pack",
     "is_signed",
+    "prefix_accepts",
     "prefix_usable",
     "read_pack_header",
     "signer_id",
@@ -247,19 +248,33 @@ def _signature_ok(prefix: bytes, flags: int, mac: bytes, signing_key: bytes) -> 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptPackError(f"pack header is not JSON: {exc}") from exc
+        header = parse_json(raw, max_bytes=MAX_HEADER_BYTES, what="pack header")
+    except ValueError as exc:
+        raise CorruptPackError(f"pack header is not usable JSON: {exc}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
         raise CorruptPackError("pack header is not a format-1 header object")
     if not isinstance(header.get("members"), list):
         raise CorruptPackError("pack header has no member table")
+    for field, kinds in _HEADER_FIELDS:
+        value = header.get(field)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise CorruptPackError(f"pack header field {field!r} is a {type(value).__name__}")
     return header
+
+
+#: The header fields every reader uses, and the types they must have when present.
+_HEADER_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("created", (int, float)), ("compile_seconds", (int, float)), ("metadata", dict),
+    ("signer", str), ("torch", str), ("key", str), ("host", str),
+)
 
 
 def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:
     """Read only a pack's header (no checksum): ``(header, flags-signed, body_len)``. For listings."""
-    with open(path, "rb") as fh:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptPackError(f"{path} is not a regular file")
         return read_pack_header_from(fh)
 
 
@@ -283,8 +298,16 @@ def prefix_usable(path: Path, signing_key: bytes | None) -> bool:
     try:
         with open(path, "rb") as fh:
             prefix = fh.read(_PREFIX.size)
+    except OSError:
+        return False
+    return prefix_accepts(prefix, signing_key)
+
+
+def prefix_accepts(prefix: bytes, signing_key: bytes | None) -> bool:
+    """Whether a pack's first bytes ``prefix`` carry a signature ``signing_key`` accepts."""
+    try:
         flags, _len, _digest, mac = _parse_prefix(prefix)
-    except (OSError, CorruptPackError):
+    except CorruptPackError:
         return False
     return signing_key is None or _signature_ok(prefix, flags, mac, signing_key) is None
 

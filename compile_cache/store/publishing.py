@@ -10,13 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._paths import check_key, check_member_name
 from . import maintenance
 from ._io import json_bytes, warn_once
 from .members import name_problem
-from .pack import PackLimits, check_member_bytes, content_hash, encode_pack, prefix_usable
+from .pack import (
+    PREFIX_SIZE,
+    PackLimits,
+    check_member_bytes,
+    content_hash,
+    encode_pack,
+    prefix_accepts,
+)
 from .records import PackInfo
 
 if TYPE_CHECKING:
@@ -62,8 +70,8 @@ def publish(
     entry = store.layout.entry_dir(key)
     target = store.layout.pack_path(key, name)
     try:
-        if target.exists():
-            if prefix_usable(target, store.signing_key):
+        if store.fs.exists(target):
+            if _usable_on_disk(store, target):
                 store._touch_used(key)
                 return None
             # Our name, but not signed with our key: damaged or planted. Ours replaces it.
@@ -97,6 +105,16 @@ def publish(
         except OSError as exc:
             logger.debug("eviction after publish failed: %s", exc)
     return info
+
+
+def _usable_on_disk(store: Store, target: Path) -> bool:
+    """Whether the pack at ``target`` is a regular, trusted file signed as this store reads."""
+    try:
+        with store.fs.open_read(target, trust=True) as fh:
+            prefix = fh.read(PREFIX_SIZE)
+    except OSError:
+        return False
+    return prefix_accepts(prefix, store.signing_key)
 
 
 def limit_problem(limits: PackLimits, members: Mapping[str, bytes | bytearray | memoryview]) -> str | None:

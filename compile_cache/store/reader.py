@@ -119,6 +119,15 @@ class CheckedPack:
         if closer is not None:
             closer()
 
+    def reopen_on_demand(self, read_at: ReadAt, closer: Callable[[], None]) -> None:
+        """Close the file now; read later through ``read_at`` (a reader that opens the same
+        file again when asked, :class:`~compile_cache.store.loading.Reopener`), closed by
+        ``closer``. A load of an entry with a thousand packs so holds a few descriptors."""
+        old, self._closer = self._closer, closer
+        self.read_at = read_at
+        if old is not None:
+            old()
+
 
 def open_pack(
     read_at: ReadAt,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -11,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptPackError
-from ._io import read_json_file
 from .layout import Layout
-from .pack import read_pack_header
+from .pack import read_pack_header_from
 
 __all__ = ["CompactReport", "EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
 
@@ -93,33 +91,35 @@ class EntryInfo:
     def read(cls, layout: Layout, key: str) -> EntryInfo | None:
         """The entry of ``key`` as it is on disk now (headers only, no checksums), or None."""
         entry, entry_json, used, packs_dir = layout.entry_strings(key)
+        fs = layout.fs
         try:
-            scan = list(os.scandir(entry))
-        except OSError:  # gone, or unreadable (EACCES, ESTALE): nothing to list
+            scan = fs.files(entry)
+        except OSError:  # gone, unreadable (EACCES, ESTALE) or a link: nothing to list
             return None
-        metadata, _garbage = read_json_file(entry_json)  # type: ignore[arg-type]
-        size = 0
+        metadata, _garbage = fs.read_json(entry_json)
+        size = sum(st.st_size for _name, st in scan)  # regular files only, as lstat says
         mtimes: list[float] = []
-        for item in scan:
-            with contextlib.suppress(OSError):
-                if item.is_file(follow_symlinks=False):  # regular files only, as lstat says
-                    size += item.stat(follow_symlinks=False).st_size
         packs: list[PackInfo] = []
         for name in layout.pack_file_names(key):
             path = os.path.join(packs_dir, name)
             try:
-                st = os.lstat(path)
+                with fs.open_read(path, trust=False) as fh:
+                    st = os.fstat(fh.fileno())
+                    header, signed, _ = read_pack_header_from(fh)
                 size += st.st_size
                 mtimes.append(st.st_mtime)
-                header, signed, _ = read_pack_header(path)  # type: ignore[arg-type]
                 packs.append(PackInfo._from_header(key, name[:-5], Path(path), st.st_size, header, signed))
-            except (OSError, CorruptPackError):
-                continue
+            except (OSError, CorruptPackError, TypeError, ValueError, AttributeError):
+                continue  # a broken header is skipped here (load counts and quarantines it)
         try:
-            last_used = os.stat(used).st_mtime
+            last_used = fs.lstat(used).st_mtime
         except OSError:
             last_used = max(mtimes, default=0.0)
-        created = float((metadata or {}).get("created") or 0.0) or min(
+        try:
+            created = float((metadata or {}).get("created") or 0.0)
+        except (TypeError, ValueError):
+            created = 0.0
+        created = created or min(
             [p.created for p in packs] or [last_used]
         )
         return cls(key=key, metadata=metadata or {}, packs=tuple(packs), size=size,
@@ -153,6 +153,10 @@ class VerifyReport:
     other_signer_packs: list[Path] = field(default_factory=list)
     #: Directories and packs another user owns or can write: refused by every load.
     untrusted: list[tuple[Path, str]] = field(default_factory=list)
+    #: Packs this node could not check (a local I/O error: EMFILE, EIO...): left as they are.
+    unchecked: list[tuple[Path, str]] = field(default_factory=list)
+    #: What ``fix`` could not do (a compaction that hit ENOSPC...): the store is not OK.
+    not_fixed: list[tuple[Path, str]] = field(default_factory=list)
     orphaned_temp: list[Path] = field(default_factory=list)
     stale_locks: list[Path] = field(default_factory=list)
     bad_entries: list[Path] = field(default_factory=list)
@@ -171,7 +175,8 @@ class VerifyReport:
         not a problem: they are other readers')."""
         return not (
             self.corrupt_packs or self.orphaned_temp or self.stale_locks or self.bad_entries
-            or self.bad_stats or self.empty_entries or self.untrusted
+            or self.bad_stats or self.empty_entries or self.untrusted or self.unchecked
+            or self.not_fixed
         )
 
     def to_dict(self) -> dict[str, Any]:

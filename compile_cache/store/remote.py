@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ from .. import config
 from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance, remote_verify
-from ._io import MAX_JSON_BYTES, json_bytes, open_nofollow, warn_once
+from ._io import MAX_JSON_BYTES, json_bytes, parse_json, warn_once
 from .backend import RemoteError, TooLargeError, is_url, redact
 from .clients import open_backend
 from .layout import RemoteEntry, RemoteLayout
@@ -114,7 +113,9 @@ class RemoteTier:
         store._bump(remote_errors=1)
 
     def _entry(self, key: str) -> RemoteEntry | None:
-        listing = self.backend.list(self.layout.entry_dir(key))
+        """The packs of ``key`` (one listing of its ``packs/``: not of its use records, of which
+        a busy entry gathers thousands; ``entry_json`` and ``uses`` stay unknown here)."""
+        listing = self.backend.list(f"{self.layout.entry_dir(key)}/packs")
         return self.layout.entries(listing).get(key)
 
     # -- what a job does ---------------------------------------------------------------------
@@ -131,7 +132,7 @@ class RemoteTier:
                 return 0
             store._mkdirs(store.layout.packs_dir(key))
             local_json = store.layout.entry_json(key)
-            if entry.entry_json is not None and not local_json.exists():
+            if not store.fs.exists(local_json):  # absent remotely too: get() says None
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
                 if data is not None and json_ok(data):
                     store._write(local_json, data, fsync=False)
@@ -160,10 +161,9 @@ class RemoteTier:
         """One pack into the local tier (temp file, checked, fsync, rename); its size or 0."""
         target = store.layout.pack_path(key, name)
         tmp = temp_path(target)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), store.file_mode)
+        out = store.fs.create(tmp, store.file_mode)  # in the entry, reached through no link
         try:
-            os.fchmod(fd, store.file_mode)
-            with os.fdopen(fd, "w+b") as out:
+            with out:
                 try:
                     size = self.backend.download(self.layout.pack_object(key, name), out, store.limits.max_pack_size)
                 except FileNotFoundError:
@@ -178,11 +178,11 @@ class RemoteTier:
                 # Over this reader's limits is not broken for every reader: left in place.
                 self._corrupt(store, key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
                 return 0
-            os.replace(tmp, target)
+            store.fs.rename(tmp, target)
             return size
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                store.fs.unlink(tmp)
 
     def _corrupt(self, store: Store, key: str, name: str, exc: BaseException, local: Path | None,
                  *, keep: bool = False) -> None:
@@ -221,19 +221,20 @@ class RemoteTier:
         try:
             entry = self._entry(key) or RemoteEntry(key)
             local_json = store.layout.entry_json(key)
-            if entry.entry_json is None and local_json.is_file():
-                self.backend.put_if_absent(self.layout.entry_json(key), local_json.read_bytes())
+            if store.fs.exists(local_json):  # a conditional put: kept if it is there
+                self.backend.put_if_absent(self.layout.entry_json(key),
+                                           store.fs.read(local_json, MAX_JSON_BYTES))
             for path in store.layout.pack_paths(key):
                 if path.stem in entry.packs:
                     continue
                 name = self.layout.pack_object(key, path.stem)
-                size = path.stat().st_size
-                if size <= _CONDITIONAL_PUT_MAX:
-                    with open_nofollow(path) as fh:
+                with store.fs.open_read(path) as fh:  # no link, no FIFO: a regular file of ours
+                    size = os.fstat(fh.fileno()).st_size
+                    if size <= _CONDITIONAL_PUT_MAX:
                         if not self.backend.put_if_absent(name, fh.read()):
                             continue  # another node put the same content first
-                else:
-                    self.backend.put_file(name, str(path))
+                    else:
+                        self.backend.put_file(name, str(path))
                 written += 1
                 nbytes += size
         except RemoteError as exc:
@@ -288,20 +289,22 @@ class RemoteTier:
         if entry.entry_json is not None:
             data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
             if data is not None and json_ok(data):
-                metadata = json.loads(data)
+                metadata = parse_json(data)
         packs = []
         for name, size in entry.packs.items():
             local = store.layout.pack_path(key, name)
             try:
-                if local.is_file():
-                    with open_nofollow(local) as fh:
+                if store.fs.exists(local):
+                    with store.fs.open_read(local) as fh:
                         header, signed, _ = read_pack_header_from(fh)
                 else:
                     header, signed = self._remote_header(key, name)
-            except (OSError, CorruptPackError):
-                continue
-            packs.append(PackInfo._from_header(key, name, local, size, header, signed))
-        created = float(metadata.get("created") or 0.0) or min([p.created for p in packs] or [entry.newest])
+                packs.append(PackInfo._from_header(key, name, local, size, header, signed))
+            except (OSError, CorruptPackError, TypeError, ValueError, AttributeError):
+                continue  # a broken header: skipped here (a load counts it)
+        created = metadata.get("created")
+        created = (float(created) if isinstance(created, (int, float)) else 0.0) or min(
+            [p.created for p in packs] or [entry.newest])
         return EntryInfo(key=key, metadata=metadata, packs=tuple(packs), size=entry.size,
                          created=created, last_used=entry.last_used, path=store.layout.entry_dir(key))
 
@@ -329,7 +332,7 @@ class RemoteTier:
                 continue
             data = self.backend.get(full, MAX_JSON_BYTES)
             if data is not None and json_ok(data):
-                add_counts(totals, json.loads(data))
+                add_counts(totals, parse_json(data))
             elif data is not None:
                 add_counts(totals, {"errors": 1, "errors_by_kind": {"stats_file": 1}})
         return add_counts(totals, self._counts)
@@ -389,7 +392,7 @@ class RemoteTier:
             return removed
         for info in removed:
             self.backend.delete(self._objects(info.key))
-            if info.path.is_dir():
+            if store.fs.is_dir(info.path):
                 maintenance.remove_entry_dir(store, info.path)
         for entry in entries.values():
             if entry.key not in chosen and len(entry.uses) > 1:

@@ -6,8 +6,6 @@ quarantine and garbage objects are removed)."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .._paths import temp_path
 from ..errors import CorruptPackError
 from . import maintenance
-from ._io import MAX_JSON_BYTES, open_nofollow
+from ._io import MAX_JSON_BYTES, errno_name, parse_json
 from .backend import TooLargeError
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .records import VerifyReport
@@ -42,7 +40,13 @@ def verify(tier: RemoteTier, store: Store, fix: bool, temp_age: float, labels: A
                     tier.backend.delete([tier.layout.entry_json(key)])
         for name in entry.packs:
             report.checked_packs += 1
-            problem = _check_object(tier, store, key, name, labels, fix)
+            try:
+                problem = _check_object(tier, store, key, name, labels, fix)
+            except OSError as exc:  # this node's error: counted; the bucket's pack is kept
+                report.unchecked.append((f"{tier.display}/{tier.layout.pack_object(key, name)}",
+                                         f"{errno_name(exc)}: {exc}"))
+                store._bump(errors=1, errors_by_kind={errno_name(exc): 1})
+                continue
             if isinstance(problem, IncompatiblePackError):
                 report.incompatible_packs.append(f"{tier.display}/{tier.layout.pack_object(key, name)}")
             elif isinstance(problem, SignatureMismatchError):
@@ -65,11 +69,12 @@ def verify(tier: RemoteTier, store: Store, fix: bool, temp_age: float, labels: A
 
 def _check_object(tier: RemoteTier, store: Store, key: str, name: str, labels: Any, fix: bool) -> BaseException | None:
     """Download one pack object to a temp file and check it; its problem, or None. With
-    ``fix`` a corrupt one goes to the URL's quarantine."""
+    ``fix`` a corrupt one (a content check failed) goes to the URL's quarantine; a local I/O
+    error raises OSError and touches nothing in the bucket."""
     store._mkdirs(store.layout.tmp_dir)
     tmp = temp_path(store.layout.tmp_dir / f"verify-{name}.pack")
     try:
-        with open(tmp, "w+b") as out:
+        with store.fs.create(tmp, store.file_mode) as out:
             try:
                 tier.backend.download(tier.layout.pack_object(key, name), out, store.limits.max_pack_size)
             except FileNotFoundError:
@@ -87,13 +92,13 @@ def _check_object(tier: RemoteTier, store: Store, key: str, name: str, labels: A
         return problem
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            store.fs.unlink(tmp)
 
 
 def json_ok(data: bytes) -> bool:
     try:
-        return isinstance(json.loads(data), dict)
-    except (ValueError, UnicodeDecodeError):
+        return isinstance(parse_json(data), dict)
+    except ValueError:
         return False
 
 
@@ -102,7 +107,7 @@ def check_downloaded(store: Store, path: Path, key: str, name: str, labels: Any 
     """The checks a load makes, plus the content name; None if the pack may be used. A pack of
     another format version or signer is not corrupt (``keep_other``: None, the load skips it)."""
     try:
-        fh = open_nofollow(path)
+        fh = store.fs.open_read(path)
         checked = store._check_pack(path, fh, key, labels)
         try:
             if checked.content_hash() != name:
@@ -111,6 +116,6 @@ def check_downloaded(store: Store, path: Path, key: str, name: str, labels: Any 
             checked.close()
     except (IncompatiblePackError, SignatureMismatchError) as exc:
         return None if keep_other else exc
-    except (CorruptPackError, OSError) as exc:
+    except CorruptPackError as exc:  # a content check (checksum, signature, member, name)
         return exc
-    return None
+    return None  # an OSError (EMFILE, EIO: this node's) propagates: never a reason to delete

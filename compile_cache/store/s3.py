@@ -23,7 +23,9 @@ import hashlib
 import http.client
 import os
 import re
+import socket
 import threading
+import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import IO
@@ -37,7 +39,17 @@ __all__ = ["S3Backend", "S3Error"]
 MAX_PUT = 5 << 30
 #: Bytes of an error response read for its code.
 _ERROR_BODY = 64 << 10
+#: A request's body may take one more second per this many bytes received (see _Deadline).
+MIN_RATE = 64 << 10
+#: A listing stops with an error past this many pages or objects (a server that always
+#: answers "more" would otherwise loop for ever, growing memory), or when the server repeats
+#: a continuation token.
+MAX_LIST_PAGES = 5000
+MAX_LIST_OBJECTS = 1_000_000
+#: Bytes of one listing page read at most (a page of 1,000 keys is about 300 KB).
+MAX_PAGE_BYTES = 16 << 20
 _CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+_CODE_CHARS = re.compile(r"[^A-Za-z0-9 ._-]")
 
 
 class S3Error(OSError):
@@ -49,20 +61,82 @@ class S3Error(OSError):
         self.code = code
 
 
+class _Deadline:
+    """The time limit of one whole request, not only of each socket read: a server that drips a
+    byte now and then never holds a job past it. The server must answer (status and headers)
+    within ``seconds``; then the body may take ``seconds`` plus one second per
+    :data:`MIN_RATE` bytes received. When the time is up a timer thread shuts the connection's
+    socket down, which ends any read blocked on it; the read then raises :class:`TimeoutError`.
+    """
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self._conn = conn
+        self._start = time.monotonic()
+        self._seconds = seconds
+        self.expires = self._start + seconds
+        self.fired = False
+        self._timer: threading.Timer | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._timer = threading.Timer(max(0.0, self.expires - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        if self._timer is None:
+            return  # cancelled
+        if time.monotonic() < self.expires - 0.01:
+            self._arm()  # the body made progress meanwhile: its deadline moved
+            return
+        self.fired = True
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def received(self, total: int) -> None:
+        """``total`` body bytes have arrived: the deadline grows with them."""
+        self.expires = self._start + self._seconds + total / MIN_RATE
+
+    def cancel(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def check(self, what: str) -> None:
+        """Raise TimeoutError if the deadline ended the request."""
+        if self.fired:
+            raise TimeoutError(f"{what}: no complete answer within the request's deadline")
+
+
 class _Response:
     """A response whose body the caller reads, on a connection dropped unless read to the end."""
 
-    def __init__(self, backend: S3Backend, resp: http.client.HTTPResponse) -> None:
+    def __init__(self, backend: S3Backend, resp: http.client.HTTPResponse, deadline: _Deadline) -> None:
         self._backend, self.resp, self.status = backend, resp, resp.status
+        self._deadline = deadline
+        self._total = 0
         length = resp.getheader("Content-Length")
         self.length = int(length) if length and length.isdigit() else None
 
     def read(self, n: int) -> bytes:
-        return self.resp.read(n)
+        try:
+            data = self.resp.read(n)
+        except (OSError, http.client.HTTPException):
+            self._deadline.check("reading the answer")
+            raise
+        self._deadline.check("reading the answer")
+        self._total += len(data)
+        self._deadline.received(self._total)
+        return data
 
     def finish(self, complete: bool) -> None:
         """Keep the connection if the body was read to its end, else drop it."""
-        if complete:
+        self._deadline.cancel()
+        if complete and not self._deadline.fired:
             try:
                 self.resp.read()  # nothing left: marks the response done
                 return
@@ -132,26 +206,34 @@ class S3Backend(RetryingBackend):
         for fresh in (False, True):
             reused = getattr(self._local, "conn", None) is not None and not fresh
             conn = self._conn()
+            if conn.sock is None:
+                conn.connect()  # now, so that the deadline can reach the socket
+            deadline = _Deadline(conn, self.timeout)
             try:
                 conn.request(method, target, body=body, headers=sent)
                 resp = conn.getresponse()
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                deadline.cancel()
                 self._drop()  # a kept-alive connection the server had closed: once more, at once
+                deadline.check(what)
                 if not reused:
                     raise
                 if body is not None and not isinstance(body, bytes):
                     body.seek(0)
             except BaseException:
+                deadline.cancel()
                 self._drop()
+                deadline.check(what)
                 raise
-        out = _Response(self, resp)
+        out = _Response(self, resp, deadline)
         if out.status in ok:
             return out
         data = resp.read(_ERROR_BODY) if method != "HEAD" else b""
         out.finish(len(data) < _ERROR_BODY)
         found = _CODE_RE.search(data)
         code = found.group(1).decode("ascii", "replace") if found else http.client.responses.get(out.status, "")
+        code = _CODE_CHARS.sub("", code)[:64]  # the server's text: no newline reaches a warning
         if out.status == 404:
             raise FileNotFoundError(f"{redact(self.url)}: {what}: {code or 'not found'}")
         raise S3Error(out.status, code, what)
@@ -186,7 +268,8 @@ class S3Backend(RetryingBackend):
 
             out: dict[str, ObjectInfo] = {}
             token: str | None = None
-            while True:
+            seen: set[bytes] = set()  # digests of the tokens given
+            for _page in range(MAX_LIST_PAGES):
                 query = {"list-type": "2", "prefix": base, "max-keys": str(self.page_size)}
                 if token:
                     query["continuation-token"] = token
@@ -194,7 +277,10 @@ class S3Backend(RetryingBackend):
                     resp = self._request("GET", "", f"listing {prefix or '/'}", query=query)
                 except FileNotFoundError:
                     return {}
-                tree = ET.fromstring(self._read_all(resp, 64 << 20))
+                page = self._read_all(resp, MAX_PAGE_BYTES)
+                if len(page) > MAX_PAGE_BYTES:
+                    raise OSError(f"listing {prefix or '/'}: a page over {MAX_PAGE_BYTES} bytes")
+                tree = ET.fromstring(page)
                 ns = tree.tag[: tree.tag.index("}") + 1] if tree.tag.startswith("{") else ""
                 for item in tree.iter(f"{ns}Contents"):
                     key = item.findtext(f"{ns}Key") or ""
@@ -202,9 +288,16 @@ class S3Backend(RetryingBackend):
                         continue
                     out[key[len(root):]] = ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
                                                       _mtime(item.findtext(f"{ns}LastModified")))
+                if len(out) > MAX_LIST_OBJECTS:
+                    raise OSError(f"listing {prefix or '/'}: more than {MAX_LIST_OBJECTS} objects")
                 token = tree.findtext(f"{ns}NextContinuationToken")
                 if (tree.findtext(f"{ns}IsTruncated") or "").lower() != "true" or not token:
                     return out
+                digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+                if digest in seen:
+                    raise OSError(f"listing {prefix or '/'}: the server repeated a continuation token")
+                seen.add(digest)
+            raise OSError(f"listing {prefix or '/'}: more than {MAX_LIST_PAGES} pages")
         return self._call(f"listing {prefix or '/'}", find)
 
     #: Keys per ListObjectsV2 page (S3's most).

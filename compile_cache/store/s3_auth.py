@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
-__all__ = ["Credentials", "S3Settings", "settings", "sign"]
+from ..redact import check_credential
+
+__all__ = ["Credentials", "S3Settings", "check_environment", "settings", "sign"]
 
 #: Config-file keys this client understands; any other key in the profile means s3fs.
 _PROFILE_KEYS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token",
@@ -73,6 +75,7 @@ def _read(path: str) -> configparser.ConfigParser:
 def _credentials(env: Mapping[str, str]) -> tuple[Credentials | None, dict[str, str], str]:
     """(credentials, the profile's config-file section, reason if None), in botocore's order for
     the sources this client supports; None wherever botocore would ask something else first."""
+    check_environment(env)
     key, secret = env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", "")
     if key and secret:
         token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or None
@@ -94,12 +97,22 @@ def _credentials(env: Mapping[str, str]) -> tuple[Credentials | None, dict[str, 
     if unknown:
         return None, {}, f"profile {profile!r} sets {unknown[0]}"
     for where, values in (("credentials file", shared), ("config file", config)):
+        for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_security_token"):
+            check_credential(f"{name} of profile {profile!r} ({where})", values.get(name) or None)
         if values.get("aws_access_key_id") and values.get("aws_secret_access_key"):
             token = values.get("aws_session_token") or values.get("aws_security_token") or None
             creds = Credentials(values["aws_access_key_id"], values["aws_secret_access_key"], token,
                                 f"profile {profile!r} ({where})")
             return creds, config, ""
     return None, {}, "no keys in the environment or a profile (instance, pod or SSO credentials)"
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`~compile_cache.errors.ConfigError` (naming the variable, never its value)
+    if an AWS credential variable holds a control character or surrounding whitespace."""
+    env = os.environ if env is None else env
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        check_credential(name, env.get(name) or None)
 
 
 def _proxied(scheme: str, host: str, env: Mapping[str, str]) -> bool:

@@ -128,6 +128,9 @@ def trust_problem(
     """
     mode = stat.S_IMODE(st.st_mode)
     is_dir = stat.S_ISDIR(st.st_mode)
+    ours = _trusted_owner(st.st_uid)
+    if ours and not mode & stat.S_IWOTH and not (mode & stat.S_IWGRP and (is_dir or private)):
+        return None  # the common case, decided without a user-database lookup
     kind = "directory" if is_dir else "file"
     refuse = f"refusing to use compile cache {kind} {path}"
     owner = describe_owner(st.st_uid)
@@ -141,7 +144,6 @@ def trust_problem(
             f"{refuse}: it is world-writable (mode {mode:04o}), so any user could plant "
             f"artifacts this process would load and run. {fix}",
         )
-    ours = _trusted_owner(st.st_uid)
     groups = _our_groups()
     if private:
         if not ours:

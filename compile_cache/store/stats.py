@@ -28,14 +28,16 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._paths import HOSTNAME
+from .._paths import HOSTNAME, is_temp_name
 from .._sizes import format_size
 from ..locks import optional_lock
-from ._io import json_bytes, read_json_file
+from ._io import json_bytes
+from .layout import PACK_RE
 
 if TYPE_CHECKING:
     from .core import Store
@@ -57,6 +59,9 @@ __all__ = [
 logger = logging.getLogger("compile_cache")
 
 STATS_SHARDS = 8
+#: Seconds a shard whose lock could not be taken is tried without waiting.
+BUSY_BACKOFF = 30.0
+_busy_until: dict[str, float] = {}
 COUNTERS: tuple[str, ...] = (
     "hits",
     "partial_hits",
@@ -140,16 +145,22 @@ def _bump(store: Store, delta: Mapping[str, Any]) -> None:
     add_counts(store._pending, delta)
     if getattr(store, "remote", None) is not None:
         store.remote.count(store, dict(delta))  # the URL's counters (this process's object)
-    if store.read_only or not store.layout.base.is_dir():
+    if store.read_only or not store.fs.is_dir(store.layout.base):
         return  # kept in memory: a vanished store is not re-created just for counters
     n = shard_index()
     shard = store.layout.stats_shard(n)
-    lock = store._lock_at(store.layout.lock_base(f"stats-{n}"), timeout=2.0)
+    busy_key = str(shard)
+    # A shard lock that could not be taken lately (a dead holder, judged stale only after a
+    # while) is tried without waiting: each counter update must not stall the job 2 s.
+    wait = 0.0 if time.monotonic() < _busy_until.get(busy_key, 0.0) else 2.0
+    lock = store._lock_at(store.layout.lock_base(f"stats-{n}"), timeout=wait)
     try:
         with optional_lock(lock) as held:
             if not held:
+                if wait:
+                    _busy_until[busy_key] = time.monotonic() + BUSY_BACKOFF
                 return  # pending deltas go out with the next update
-            current, garbage = read_json_file(shard)
+            current, garbage = store.fs.read_json(shard)
             merged = add_counts({}, current or {})
             if garbage:
                 logger.warning("compile cache stats file %s was unreadable; counting from zero", shard)
@@ -173,12 +184,13 @@ def record_precompile(store: Store, *, hits: int = 0, declined: int = 0,
 def saved_seconds(store: Store, key: str) -> float:
     """The compile seconds the key's packs recorded: what restoring them saved."""
     from ..errors import CorruptPackError
-    from .pack import read_pack_header
+    from .pack import read_pack_header_from
 
     total = 0.0
     for path in store.layout.pack_paths(key):
-        with contextlib.suppress(OSError, CorruptPackError, TypeError, ValueError):
-            total += float(read_pack_header(path)[0].get("compile_seconds") or 0.0)
+        with contextlib.suppress(OSError, CorruptPackError, TypeError, ValueError), \
+                store.fs.open_read(path, trust=False) as fh:
+            total += float(read_pack_header_from(fh)[0].get("compile_seconds") or 0.0)
     return total
 
 
@@ -210,18 +222,16 @@ def _footprint(store: Store) -> tuple[int, int, int]:
     layout = store.layout
     for key in layout.keys():
         try:
-            scan = list(os.scandir(layout.entry_dir(key)))
+            scan = store.fs.files(layout.entry_dir(key))
         except OSError:
             continue
         entries += 1
-        for item in scan:
-            with contextlib.suppress(OSError):
-                if item.is_file(follow_symlinks=False):
-                    size += item.stat(follow_symlinks=False).st_size
-        for path in layout.pack_paths(key):
-            with contextlib.suppress(OSError):
-                size += os.lstat(path).st_size
-                packs += 1
+        size += sum(st.st_size for _name, st in scan)
+        with contextlib.suppress(OSError):
+            for name, st in store.fs.files(layout.packs_dir(key)):
+                if PACK_RE.fullmatch(name):
+                    size += st.st_size
+                    packs += 1
     return entries, packs, size
 
 
@@ -231,13 +241,13 @@ def _totals(store: Store) -> dict[str, Any]:
     totals["errors_by_kind"] = {}
     stats_dir = store.layout.stats_dir
     try:
-        shard_names = sorted(os.listdir(stats_dir))
+        shard_names = sorted(store.fs.listdir(stats_dir))
     except OSError:
         shard_names = []
     for name in shard_names:
         if not store.layout.is_stats_shard(name):
             continue
-        data, garbage = read_json_file(stats_dir / name)
+        data, garbage = store.fs.read_json(stats_dir / name)
         if garbage:
             add_counts(totals, _GARBAGE_SHARD)
         elif data:
@@ -269,7 +279,7 @@ def summary(store: Store) -> dict[str, Any]:
     entries, packs, size = _footprint(store)
     lookups = totals["hits"] + totals["partial_hits"] + totals["misses"]
     try:
-        quarantined = len(os.listdir(store.layout.quarantine_dir))
+        quarantined = len(store.fs.listdir(store.layout.quarantine_dir))
     except OSError:
         quarantined = 0
     totals.update(
@@ -294,9 +304,10 @@ def zero(store: Store, size: int | None = None) -> None:
     """Remove every shard (and forget the counts not written yet); with ``size``, the size
     counter starts again at that exact size (it is not a usage counter)."""
     store._pending = {}
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(store.layout.stats_dir):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(store.layout.stats_dir / name)
+    with contextlib.suppress(OSError):
+        for name in store.fs.listdir(store.layout.stats_dir):
+            if store.layout.is_stats_shard(name) or is_temp_name(name):
+                with contextlib.suppress(OSError):
+                    store.fs.unlink(store.layout.stats_dir / name)
     if size is not None:
         correct_size(store, size)
