@@ -32,8 +32,8 @@ def _best_us(stmt, number: int, repeat: int = 7) -> float:
 
 def _child(args: argparse.Namespace) -> dict:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
     from torch.utils.hooks import RemovableHandle
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import compile_cache
 
