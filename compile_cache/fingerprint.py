@@ -10,6 +10,8 @@ falls back to Python with one warning, and the fallback is counted (``backend_fa
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import threading
 from typing import Any
 
@@ -174,9 +176,6 @@ def class_lineage(module: Any) -> str:
     So another base class, an override added below ``forward``, a class function rebound or a
     class attribute set at run time give another digest.
     """
-    import hashlib
-    import inspect
-
     from ._reference import encode_code
 
     _check_module(module)
@@ -192,12 +191,12 @@ def class_lineage(module: Any) -> str:
                 if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
                     continue
                 h.update(f"\0{name}=".encode())
-                for part in _class_attribute_parts(attr, inspect):
+                for part in _class_attribute_parts(attr):
                     h.update(encode_code(part) if inspect.iscode(part) else repr(part).encode())
     return h.hexdigest()[:32]
 
 
-def _class_attribute_parts(attr: Any, inspect: Any) -> list[Any]:
+def _class_attribute_parts(attr: Any) -> list[Any]:
     """What of one class attribute goes into :func:`class_lineage`: code objects, primitive
     values, else the attribute's type name."""
     if isinstance(attr, (staticmethod, classmethod)):

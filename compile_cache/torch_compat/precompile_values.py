@@ -129,12 +129,11 @@ class ValueRecorder:
 
 @dataclasses.dataclass
 class EntryCheck:
-    """What :func:`check_entry` found: the graphs that stay (digest -> record), the reasons the
-    others went, and whether the entry file remains."""
+    """What :func:`check_entry` found: the graphs that stay (digest -> record) and the reasons
+    the others went."""
 
     kept: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     dropped: list[str] = dataclasses.field(default_factory=list)
-    entry_removed: bool = False
 
 
 def check_entry(path: str, records: dict[str, dict[str, str]]) -> EntryCheck:
@@ -209,7 +208,6 @@ def _differs(guards_state: bytes, record: dict[str, str]) -> str | None:
 def _remove(path: str, result: EntryCheck) -> EntryCheck:
     """Remove the entry (its folder: torch takes a folder without an entry for a broken one)."""
     result.kept.clear()
-    result.entry_removed = True
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     return result
 
