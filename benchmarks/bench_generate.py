@@ -13,7 +13,7 @@ TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR: nothing primed, as on a new machine):
                with CompileConfig._compile_all_devices
   ours         compile_cache.compile_regions(model) with an empty store (it publishes)
   ours_break   the same with every cache update run eagerly between two graphs (no layer view:
-               the A/B of kv_cache.py's two call paths), no store
+               the A/B of kv/cache.py's two call paths), no store
   ours_store   a fresh node with the store "ours" filled in the same round
 
 cold TTFT and cold generate are timed from the compile call (the model is built first, untimed)
@@ -110,7 +110,7 @@ def _child(args: argparse.Namespace) -> dict:
         kw.update(cache_implementation="static", compile_config=config)
     elif variant.startswith("ours"):
         import compile_cache
-        from compile_cache.torch_compat import kv_calls
+        from compile_cache.torch_compat.kv import calls as kv_calls
 
         kv_calls.CacheCalls.use_views = variant != "ours_break"
         compile_cache.compile_regions(model, cache_dir=args.store or False)

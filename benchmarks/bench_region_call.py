@@ -2,7 +2,7 @@
 
 A precompiled region compares the globals its code relies on without a guard (its *pins*:
 functions, classes and enum members reached through globals) by identity at every call
-(``compile_cache.torch_compat.precompile_pins.Pins.changed``), and every region call looks at
+(``compile_cache.torch_compat.precompile.pins.Pins.changed``), and every region call looks at
 torch's hook counter before it runs (``compile_cache.regions``, hooks added after compiling).
 This times both on GPT-2 from transformers (random weights), compiled with Inductor and
 precompile on a fresh node of its own (new TMPDIR, HOME, XDG_CACHE_HOME and local dirs), and the

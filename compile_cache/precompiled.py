@@ -36,8 +36,8 @@ from .fingerprint import class_lineage
 from .keys import canonical_compile_kwargs
 from .store.stats import record_precompile
 from .torch_compat import precompile as pc
-from .torch_compat.kv_cache import is_cache
-from .torch_compat.kv_calls import is_view
+from .torch_compat.kv.cache import is_cache
+from .torch_compat.kv.calls import is_view
 
 logger = logging.getLogger("compile_cache")
 
@@ -64,7 +64,7 @@ class RegionPrecompileWarning(RuntimeWarning):
 #: layer view, compile without precompile.
 KV_CACHE_DECLINE = (
     "its blocks take a KV cache: calls that update it eagerly between two graphs (prefill, and "
-    "every call the layer view does not serve; compile_cache.torch_compat.kv_cache) compile "
+    "every call the layer view does not serve; compile_cache.torch_compat.kv.cache) compile "
     "without precompile, since precompiled code with that graph break is not proven yet; decode "
     "steps through the layer view and calls without a cache (training, scoring, "
     "use_cache=False) precompile"
@@ -122,7 +122,7 @@ class BoundCall:
 
 class CacheRoutedCall:
     """A member of a group whose blocks take a KV cache. A decode step through the layer view
-    (:func:`compile_cache.torch_compat.kv_calls.is_view`) runs the group's precompiled decode
+    (:func:`compile_cache.torch_compat.kv.calls.is_view`) runs the group's precompiled decode
     function (``views``), another call that passes a cache the group's plain compile (every
     default guard; the eager cache update between two graphs), a call without one the group's
     precompiled function. The three never share compiled code, so a call can never pick a graph

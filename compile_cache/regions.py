@@ -31,7 +31,7 @@
 * Each group is one ``torch.compile`` call with its own recompile bucket (``isolate_recompiles``),
   so the resume functions after a graph break (shared by every model of a block class) count only
   its entries. Blocks that take a transformers KV cache are called through
-  :class:`~compile_cache.torch_compat.kv_calls.CacheCalls`: one entry per phase (prefill, decode)
+  :class:`~compile_cache.torch_compat.kv.calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases. With
   precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`;
   its decode steps a second one, its calls that update a KV cache eagerly none: warned).
@@ -65,9 +65,11 @@ from .precompiled import (
     RegionPrecompileWarning,
     compile_plain,
 )
-from .torch_compat import dynamo, kv_cache, kv_calls
+from .torch_compat import dynamo
 from .torch_compat import precompile as pc
 from .torch_compat.cache_use import owner_stack
+from .torch_compat.kv import cache as kv_cache
+from .torch_compat.kv import calls as kv_calls
 
 logger = logging.getLogger("compile_cache")
 

@@ -1,5 +1,5 @@
 """``model.generate()`` of transformers models under compile_regions (the KV cache in regions:
-compile_cache/torch_compat/kv_cache.py, compile_cache/regions.py).
+compile_cache/torch_compat/kv/cache.py, compile_cache/regions.py).
 
 Every case compares token ids with eager generation of the same model. Graph counting uses a
 recording backend (tests/conftest.py); real Inductor runs only in the fresh-node test, in child
@@ -26,7 +26,9 @@ from compile_cache.regions import (
     RegionRecompileWarning,
 )
 from compile_cache.store import Store
-from compile_cache.torch_compat import TorchCompatWarning, kv_cache, kv_calls
+from compile_cache.torch_compat import TorchCompatWarning
+from compile_cache.torch_compat.kv import cache as kv_cache
+from compile_cache.torch_compat.kv import calls as kv_calls
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 REGION_WARNINGS = (RegionEagerWarning, RegionRecompileWarning)
@@ -362,7 +364,7 @@ def test_a_view_class_pickles_by_reference_in_a_fresh_process():
         view_cls = type(kv_calls._make_view(object.__new__(cls), None))
         assert pickle.loads(pickle.dumps(view_cls)) is view_cls
         code = ("import pickle, sys, transformers.cache_utils as cu; "
-                "from compile_cache.torch_compat import kv_calls; "
+                "from compile_cache.torch_compat.kv import calls as kv_calls; "
                 "c = pickle.loads(sys.stdin.buffer.read()); "
                 f"assert c.__mro__[2] is cu.{cls.__name__} and kv_calls.is_view(object.__new__(c))")
         done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(view_cls),

@@ -31,7 +31,7 @@ from compile_cache.keys import environment_digest
 from compile_cache.precompiled import PrecompileTracker
 from compile_cache.store import Store
 from compile_cache.torch_compat import precompile as pc
-from compile_cache.torch_compat.precompile_guards import DECLINE, DROP, KEEP, classify_guard
+from compile_cache.torch_compat.precompile.guards import DECLINE, DROP, KEEP, classify_guard
 
 CHILD = Path(__file__).with_name("_precompile_child.py")
 
@@ -477,7 +477,7 @@ def test_the_process_wide_flag_would_change_the_environment_key() -> None:
 def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> None:
     import functools
 
-    from compile_cache.torch_compat import precompile_pins
+    from compile_cache.torch_compat.precompile import pins as precompile_pins
 
     holder = types.ModuleType("pin_holder")
     holder.act = torch.tanh
@@ -491,7 +491,7 @@ def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> Non
     assert "G['holder'].act was rebound" in pins.changed()
     assert "bound differently" in precompile_pins.verify(described, scope)
     # lru_cache's code holds nested code objects: no address may reach the description
-    code = ("from compile_cache.torch_compat.precompile_pins import describe; import functools; "
+    code = ("from compile_cache.torch_compat.precompile.pins import describe; import functools; "
             "print(describe(functools.lru_cache))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": "7"})
@@ -506,8 +506,8 @@ def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     from compile_cache.precompiled import CacheRoutedCall
-    from compile_cache.torch_compat import kv_calls
-    from compile_cache.torch_compat.kv_calls import CacheCalls
+    from compile_cache.torch_compat.kv import calls as kv_calls
+    from compile_cache.torch_compat.kv.calls import CacheCalls
 
     class Block(nn.Module):
         def forward(self, x: torch.Tensor, past_key_values: Any = None) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """A precompiled entry proves the values and classes it was traced under, across two processes
-(compile_cache.torch_compat.precompile_values, compile_cache.fingerprint.class_lineage, the pins).
+(compile_cache.torch_compat.precompile.values, compile_cache.fingerprint.class_lineage, the pins).
 
 Torch rebuilds a loaded entry's guards from the loading process: a value read through a module
 or a class is compared with itself, and a class is matched by name. Each case here publishes from
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import fresh_node_env
 
-from compile_cache.torch_compat.precompile_values import ValueRecorder, describe_value, graph_digest
+from compile_cache.torch_compat.precompile.values import ValueRecorder, describe_value, graph_digest
 
 CHILD = Path(__file__).with_name("_precompile_values_child.py")
 

@@ -95,7 +95,7 @@ Recipes::
     export COMPILE_CACHE_DISTRIBUTED=broadcast COMPILE_CACHE_BROADCAST_SCOPE=node
     export COMPILE_CACHE_DIR=/local/scratch/compile_cache
 
-Modules: :mod:`.report` (modes, WarmUpReport), :mod:`.rendezvous` (the c10d store: rounds,
+Modules: :mod:`.warm_up_report` (modes, WarmUpReport), :mod:`.rendezvous` (the c10d store: rounds,
 waits, signals, decisions, barriers, groups), :mod:`.hazards` (settings that split keys across
 ranks), :mod:`.protocol` (the warm-up itself), :mod:`.steps` (what one rank does: its warm-up
 forward, a compile under the lock), :mod:`.shared` and :mod:`.broadcast` (the two modes).
@@ -105,7 +105,7 @@ from __future__ import annotations
 
 from .hazards import check_hazards, cross_rank_hazards, note_lazy
 from .protocol import warm_up
-from .report import MODES, WarmUpReport, coordinates, is_active, last_warm_up, resolve_mode
+from .warm_up_report import MODES, WarmUpReport, coordinates, is_active, last_warm_up, resolve_mode
 
 __all__ = [
     "MODES",
@@ -123,8 +123,8 @@ __all__ = [
 
 def _reset() -> None:
     """Forget the last warm-up, the one-time hazard warning and note, and the subgroups (tests)."""
-    from . import hazards, rendezvous, report
+    from . import hazards, rendezvous, warm_up_report
 
-    report._reset()
+    warm_up_report._reset()
     hazards._reset()
     rendezvous._reset()

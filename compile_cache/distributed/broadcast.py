@@ -40,8 +40,8 @@ from .. import prefetch
 from ..session import CacheSession
 from ..store import Store
 from .rendezvous import Ranks
-from .report import WarmUpReport
 from .steps import compile_under_lock, gone_key, local, note
+from .warm_up_report import WarmUpReport
 
 __all__ = ["KeyPlan", "plan_keys", "publish_received", "run", "sender_payload"]
 

@@ -25,7 +25,7 @@ from .. import _warnings
 from ..keys import environment
 from ..warmup import output_tensors
 from . import rendezvous
-from .report import is_active, resolve_mode
+from .warm_up_report import is_active, resolve_mode
 
 __all__ = ["check_hazards", "cross_rank_hazards", "device_index", "note_lazy"]
 

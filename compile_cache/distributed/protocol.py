@@ -29,8 +29,8 @@ from ..session import CacheSession, session_for
 from . import broadcast, shared
 from .hazards import check_hazards, device_index
 from .rendezvous import Ranks
-from .report import WarmUpReport, is_active, remember, resolve_mode
 from .steps import compile_under_lock, gone_key, local, note, ready
+from .warm_up_report import WarmUpReport, is_active, remember, resolve_mode
 
 __all__ = ["warm_up"]
 

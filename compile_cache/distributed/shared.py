@@ -18,8 +18,8 @@ from torch import nn
 from .. import prefetch
 from ..session import CacheSession
 from .rendezvous import Ranks
-from .report import WarmUpReport
 from .steps import compile_under_lock, local, note, pack_names
+from .warm_up_report import WarmUpReport
 
 __all__ = ["RELIST_DELAYS", "restore_announced", "run"]
 

@@ -13,7 +13,7 @@ from .. import config, prefetch, warmup
 from ..errors import LockTimeoutError
 from ..regions import get_plan
 from ..session import CacheSession
-from .report import WarmUpReport
+from .warm_up_report import WarmUpReport
 
 __all__ = ["compile_under_lock", "gone_key", "local", "note", "pack_names", "ready"]
 

@@ -18,8 +18,8 @@ probe: the hook and the background builds), :mod:`.cache_use` (which cache entri
 used: capture by use), :mod:`.cpp_header` (Inductor's precompiled header, built only when
 needed), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
-:mod:`.kv_cache` (transformers' KV cache inside compiled regions: nested graph breaks) and
-:mod:`.kv_calls` (how a block with a cache is called: the eager update or a layer view).
+:mod:`.kv` (transformers' KV cache inside compiled regions: :mod:`.kv.cache`, nested graph
+breaks; :mod:`.kv.calls`, how a block with a cache is called: the eager update or a layer view).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv_cache", "cache_use",
+MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "cache_use",
            "cpp_header")
 
 

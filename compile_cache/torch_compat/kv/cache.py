@@ -6,7 +6,7 @@ back to a constant, ``torch/_dynamo/variables/lists.py``), so each traced block 
 ``cache.layers[i]`` and guards on it (``kwargs['cache'].layers[0].is_initialized == False``): N
 identical blocks need N entries per phase, the group hits the recompile limit and decode runs
 uncompiled. The region runner (``regions.py``) therefore calls a block that gets a cache through
-:meth:`.kv_calls.CacheCalls.call`, which takes one of two paths:
+:meth:`.calls.CacheCalls.call`, which takes one of two paths:
 
 * **The eager update** (a graph break). While a region runs (:data:`SCOPE`), ``Cache.update`` and
   the other per-layer cache methods run eagerly (``torch._dynamo.disable``), with
@@ -27,7 +27,7 @@ uncompiled. The region runner (``regions.py``) therefore calls a block that gets
   several depths) is never viewed again, and a block whose per-block attributes (``layer_idx``) or
   int arguments changed since the proving call takes the eager update again. After the call the
   view forwards ``update`` to the cache itself, so a view that a block returned is a faithful
-  stand-in for the cache. (The view and the call paths: :mod:`.kv_calls`.)
+  stand-in for the cache. (The view and the call paths: :mod:`.calls`.)
 
 The patch is scoped: outside our regions (a user's own ``torch.compile(model.forward)``,
 transformers' compiled decode) Dynamo traces ``update`` into its graph as before (it guards on
@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import available, capability
+from .. import available, capability
 
 log = logging.getLogger("compile_cache")
 

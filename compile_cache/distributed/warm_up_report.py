@@ -1,4 +1,4 @@
-"""The distributed warm-up's settings and report: modes, whether a job coordinates, WarmUpReport."""
+"""The distributed warm-up's modes (which one, whether a job coordinates) and its WarmUpReport."""
 
 from __future__ import annotations
 

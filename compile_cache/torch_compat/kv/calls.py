@@ -1,6 +1,6 @@
 """How one group's blocks are called with a transformers KV cache: the eager update between two
 graphs, or a view of the one layer a block was proven to update (the paths are described in
-:mod:`.kv_cache`, which patches the Cache classes and holds the scope they read)."""
+:mod:`.cache`, which patches the Cache classes and holds the scope they read)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import available
-from .kv_cache import _NESTED, _TLS, CACHE_ARGUMENTS, SCOPE, install, is_cache
+from .. import available
+from .cache import _NESTED, _TLS, CACHE_ARGUMENTS, SCOPE, install, is_cache
 
 log = logging.getLogger("compile_cache")
 

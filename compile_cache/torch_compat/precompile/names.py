@@ -19,7 +19,7 @@ import threading
 import types
 from typing import Any
 
-from .precompile_pins import code_digest
+from .pins import code_digest
 
 __all__ = ["ENTRY_FORMAT", "advance_unique_ids", "entry_name", "region_function"]
 

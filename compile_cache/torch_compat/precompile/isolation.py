@@ -48,7 +48,7 @@ def compile_group_isolated(fn: Callable[..., Any], key: Any,
     """:func:`.dynamo.compile_group` with ``caching_precompile`` off at compile and at every call."""
     import torch._dynamo.config as dynamo_config
 
-    from . import dynamo
+    from .. import dynamo
 
     with dynamo_config.patch(caching_precompile=False):
         group = dynamo.compile_group(fn, key, **compile_kwargs)

@@ -43,8 +43,8 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import PrecompileDeclined
-from .precompile_values import ValueRecorder, describe_value
+from ...errors import PrecompileDeclined
+from .values import ValueRecorder, describe_value
 
 __all__ = [
     "DECLINE",
@@ -195,7 +195,7 @@ class GuardReport:
     #: rebinding (monkeypatching) would change. Checked by the caller: at every call in
     #: process, and against the publisher's when an entry loads.
     pins: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: The values each traced graph was traced under (:mod:`.precompile_values`).
+    #: The values each traced graph was traced under (:mod:`.values`).
     values: ValueRecorder = dataclasses.field(default_factory=ValueRecorder)
 
     @property

@@ -3,7 +3,7 @@
 Precompile saves Dynamo's traced bytecode and guards (a *package*) next to Inductor's
 artifacts, so a later start skips tracing. compile_cache uses it per region group:
 
-* **Guards** (:mod:`.precompile_guards`): every guard that can be saved is kept, in process and
+* **Guards** (:mod:`.guards`): every guard that can be saved is kept, in process and
   on disk; only identity guards that the store key pins are dropped; a region whose guards
   cannot be saved faithfully declines precompile and compiles normally (:class:`PrecompiledFunction`
   does it, the caller warns and counts).
@@ -14,16 +14,16 @@ artifacts, so a later start skips tracing. compile_cache uses it per region grou
   environment key never see it. When the user turned it on process-wide
   (``TORCH_CACHING_PRECOMPILE=1``), Dynamo's forced drop of identity guards would apply to our
   regions too: they then compile and run with it off (:func:`compile_isolated`).
-* **Pins** (:mod:`.precompile_pins`): the globals whose identity guards had to be dropped are
+* **Pins** (:mod:`.pins`): the globals whose identity guards had to be dropped are
   checked at every call, and against the publisher's record before an entry loads.
-* **Values** (:mod:`.precompile_values`): each graph carries the values its kept guards were
+* **Values** (:mod:`.values`): each graph carries the values its kept guards were
   traced with; before torch reads an entry, each graph proves them in the scope torch rebuilds
   its guards in, and a graph that does not is taken out of the entry (that call traces again).
   Torch rebuilds a loaded entry's guards from the loading process, so without this a value read
   through a module or a class would be compared with itself.
 * **Modes**: ``mode=`` is folded into ``options`` (torch takes one or the other; the guard
   filter needs ``options``).
-* **Naming** (:mod:`.precompile_names`): Dynamo's on-disk id is
+* **Naming** (:mod:`.names`): Dynamo's on-disk id is
   ``sha256(fn.__qualname__ + first line)`` of the compiled function. Each (store key, group,
   compile keywords, trampoline code) gets its own function, code object and module namespace
   named by that digest, so no two models or groups share an entry, and the globals a loaded
@@ -54,14 +54,14 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import PrecompileDeclined
-from . import available, capability, mark_missing
-from .precompile_guards import GuardReport, make_guard_filter, unsupported_guard_types
-from .precompile_isolation import IsolatedCall, compile_group_isolated, compile_isolated
-from .precompile_names import ENTRY_FORMAT, entry_name, region_function
-from .precompile_names import advance_unique_ids as _advance_unique_ids
-from .precompile_pins import Pins, verify
-from .precompile_values import check_entry, graph_digest
+from ...errors import PrecompileDeclined
+from .. import available, capability, mark_missing
+from .guards import GuardReport, make_guard_filter, unsupported_guard_types
+from .isolation import IsolatedCall, compile_group_isolated, compile_isolated
+from .names import ENTRY_FORMAT, entry_name, region_function
+from .names import advance_unique_ids as _advance_unique_ids
+from .pins import Pins, verify
+from .values import check_entry, graph_digest
 
 logger = logging.getLogger("compile_cache")
 
@@ -277,7 +277,7 @@ class PrecompiledFunction:
     def _check_entry_before_loading(self, record: dict[str, Any] | None) -> str | None:
         """An entry on disk loads only with the publisher's record: every pin names here what it
         named there, and each graph proves the values it was traced under
-        (:func:`.precompile_values.check_entry`: the graphs that do not are taken out of the
+        (:func:`.values.check_entry`: the graphs that do not are taken out of the
         entry, and those calls trace again). An entry with no record is removed (traced again)."""
         from torch._dynamo.package import DynamoCache
 
