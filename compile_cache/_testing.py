@@ -25,11 +25,13 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.local_dirs",
     "compile_cache.prefetch",
     "compile_cache.store",
-    "compile_cache.locks",
+    "compile_cache.locks.modes",
     "compile_cache.session",
     "compile_cache.precompiled",
     "compile_cache.recovery",
-    "compile_cache.distributed",
+    "compile_cache.distributed.warm_up_report",
+    "compile_cache.distributed.hazards",
+    "compile_cache.distributed.rendezvous",
     "compile_cache.integrations.accelerate",
 )
 

@@ -11,8 +11,8 @@
 * The model is compiled **in place**: a runner is installed as the module's
   ``_compiled_call_impl``, where ``nn.Module.compile()`` puts its compiled function. Class,
   ``state_dict()`` keys, parameters, hooks and instance-bound ``forward``s stay and are traced by
-  Dynamo (the trampoline calls ``self._call_impl``). Only this module touches
-  ``_compiled_call_impl``; :func:`observe_calls` is how others (the session) see a call end.
+  Dynamo (the trampoline calls ``self._call_impl``). Only this module installs there (through
+  :mod:`compile_cache.torch_compat.module_calls`); :func:`observe_calls` is how others (the session) see a call end.
 * The trampoline runs ``if not torch.compiler.is_compiling(): <report>``. Dynamo folds that branch
   away in compiled code, so it runs only when the region executes **uncompiled** (recompile limit
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
@@ -65,7 +65,7 @@ from .precompiled import (
     RegionPrecompileWarning,
     compile_plain,
 )
-from .torch_compat import dynamo
+from .torch_compat import dynamo, module_calls
 from .torch_compat import precompile as pc
 from .torch_compat.cache_use import owner_stack
 from .torch_compat.kv import cache as kv_cache
@@ -424,7 +424,7 @@ class _RegionRunner:
         owners.append(self.owner)
         try:
             if hooked:  # eagerly: torch runs the module's hooks and forward
-                out = self.module._call_impl(*args, **kwargs)
+                out = module_calls.eager_call(self.module, *args, **kwargs)
             elif state.cache_calls is not None:
                 out = state.cache_calls.call(self, self.compiled, args, kwargs)
             else:
@@ -467,7 +467,7 @@ class _ObservedCall:
 
 def _installed(module: nn.Module) -> Any:
     """What sits in ``module._compiled_call_impl``, seen through an observer."""
-    runner = module.__dict__.get("_compiled_call_impl")
+    runner = module_calls.compiled_call(module)
     return runner.wrapped if isinstance(runner, _ObservedCall) else runner
 
 
@@ -520,7 +520,7 @@ def install(
     # Undo our earlier installs on modules this plan no longer compiles.
     for name, mod in modules.items():
         if name not in wanted and isinstance(_installed(mod), _RegionRunner):
-            mod._compiled_call_impl = None
+            module_calls.set_compiled_call(mod, None)
 
     wanted_members: dict[str, list[str]] = {}
     for name, (code_name, _, _) in wanted.items():
@@ -561,7 +561,7 @@ def install(
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
             state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-        mod._compiled_call_impl = _RegionRunner(compiled, state, key, mod)
+        module_calls.set_compiled_call(mod, _RegionRunner(compiled, state, key, mod))
     if groups is not None:
         groups.finish()
     if states and not PER_CALL_RECOMPILE_LIMIT:
@@ -614,12 +614,12 @@ def observe_calls(model: nn.Module, on_end: Callable[[float], None]) -> None:
     old = model.__dict__.pop("_compile_cache_hooks", None)
     for handle in old or ():
         handle.remove()
-    runner = model.__dict__.get("_compiled_call_impl")
+    runner = module_calls.compiled_call(model)
     if isinstance(runner, (_RegionRunner, _ObservedCall)):
         runner.on_end = on_end
         return
     if runner is not None:  # compiled by someone else: observe around it
-        model._compiled_call_impl = _ObservedCall(runner, on_end)
+        module_calls.set_compiled_call(model, _ObservedCall(runner, on_end))
         return
     handle_pre = model.register_forward_pre_hook(_start_timer)
     handle_post = model.register_forward_hook(_timer_hook(on_end))
