@@ -632,9 +632,12 @@ def get_plan(model: nn.Module) -> RegionPlan | None:
 
 
 def region_stats(model: nn.Module) -> dict[str, dict[str, int]]:
-    """Per compiled group/part of ``model`` (by code name): compiled cache entries (shared by
-    every model with the same fingerprint), eager runs and per-block recompiles of this model.
-    ``eager_calls`` above zero means its compiled code did not run."""
+    """Per compiled group or part of ``model`` (by code name): its cache entries, eager runs and
+    recompiles.
+
+    The entries are shared by every model with the same fingerprint; the eager runs and
+    per-block recompiles are this model's. ``eager_calls`` above zero means its compiled code
+    did not run (a ``RegionEagerWarning`` said why)."""
     check_module(model, "region_stats")
     states: dict[str, _GroupState] = {}
     for mod in model.modules():

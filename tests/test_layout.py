@@ -355,7 +355,6 @@ LONG_FUNCTION = 80
 LONG_FUNCTIONS_ALLOWED = {
     "compile_cache.cli.doctor:cmd_doctor",
     "compile_cache.store.maintenance:verify",
-    "compile_cache.api:compile_regions",
     "compile_cache.plan:plan_regions",
     "compile_cache.cli.main:build_parser",
     "compile_cache.distributed.protocol:warm_up",
