@@ -15,7 +15,9 @@ from typing import Any
 
 from . import artifacts, capture, publisher
 from ._sizes import format_size
-from .store import generations
+from .precompiled import PrecompileTracker
+from .report import CacheReport
+from .store import Store, generations
 from .torch_compat import cache_use
 
 logger = logging.getLogger("compile_cache")
@@ -34,15 +36,16 @@ class SessionPublisher:
     """
 
     def __init__(
-        self, store: Any, key: str, report: Any, *, owners: tuple[str, ...], precompile: bool,
-        precompiled: Any, entry_info: dict[str, Any], lock: Any, on_error: Callable[[str, str], None],
+        self, store: Store, key: str, report: CacheReport, *, owners: tuple[str, ...], precompile: bool,
+        precompiled: PrecompileTracker, entry_info: dict[str, Any], lock: Any,
+        on_error: Callable[[str, str], None],
     ) -> None:
         self.store = store
         self.key = key
         self.report = report
         self.owners = owners
         self.precompile = precompile
-        self.precompiled = precompiled  # compile_cache.precompiled.PrecompileTracker
+        self.precompiled = precompiled
         self.entry_info = entry_info
         #: Capture by use (else the directory diff): set by the session's start_capture.
         self.by_use = False
