@@ -3,8 +3,10 @@ logging, and a per-path threading guard.
 
 A strategy (``fcntl_lock``, ``mkdir_lock``, :class:`NoLock`) implements three steps: take the
 lock on disk once without waiting (:meth:`BaseLock.try_once`), refresh the holder record while
-held (:meth:`BaseLock.refresh`) and release it (:meth:`BaseLock.release_on_disk`).
-:class:`BaseLock` does the rest: wait up to the timeout (and, with ``wait_alive``, past it while
+held (:meth:`BaseLock.refresh`) and release it (:meth:`BaseLock.release_on_disk`). The steps are
+public: a strategy may stand in for another (fcntl's lock hands them to its mkdir fallback after
+``ENOLCK``), and the heartbeat thread calls :meth:`BaseLock.beat`; callers take the lock with
+:meth:`BaseLock.acquire`, never with a bare step. :class:`BaseLock` does the rest: wait up to the timeout (and, with ``wait_alive``, past it while
 the holder's heartbeat is fresh), log who holds it every ``wait_log_interval`` seconds, raise
 :class:`LockTimeoutError` naming the holder, and keep two threads of one process apart (fcntl
 locks belong to the process, not the thread).
