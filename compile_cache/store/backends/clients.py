@@ -1,11 +1,11 @@
 """Which client serves a store URL: the one place that chooses.
 
 ``s3://`` (and ``s3a://``) goes to the small standard-library client
-(:class:`~compile_cache.store.s3.S3Backend`) when :func:`~compile_cache.store.s3_auth.settings`
+(:class:`~compile_cache.store.backends.s3.S3Backend`) when :func:`~compile_cache.store.backends.s3_auth.settings`
 says it can serve the URL as botocore would (keys in the environment or a profile's credentials
 file, and nothing configured that it does not support) and ``COMPILE_CACHE_S3_CLIENT`` is not
 ``s3fs``; everything else, every other scheme included, goes to
-:class:`~compile_cache.store.backend.FsspecBackend`, exactly as before the small client existed.
+:class:`~compile_cache.store.backends.fsspec_backend.FsspecBackend`, exactly as before the small client existed.
 The choice, and why, is logged at debug level (never a credential) and shown by ``doctor``.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from .. import config
-from .backend import FsspecBackend, ObjectBackend, redact
+from ... import config
+from .base import ObjectBackend, redact
+from .fsspec_backend import FsspecBackend
 
 __all__ = ["open_backend"]
 
