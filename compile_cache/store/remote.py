@@ -3,7 +3,9 @@
 A :class:`~compile_cache.store.Store` opened on ``s3://bucket/prefix`` (or ``gs://``, ``az://``,
 ``memory://``) is an ordinary directory store, its *local tier* (``COMPILE_CACHE_LOCAL_TIER``,
 default ``$XDG_CACHE_HOME/compile_cache/remote``, one directory per URL by its hash, bounded by the store's size
-cap), with a :class:`RemoteTier` behind it:
+cap), with a :class:`RemoteTier` behind it, composed by :class:`~.tiered.TieredStore`. The
+tier works with the local store's parts (:meth:`RemoteTier.attach`: its files, counters and pack
+checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
   refused above ``COMPILE_CACHE_MAX_PACK_SIZE``), check each as a load does (limits, checksum,

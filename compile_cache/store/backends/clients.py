@@ -27,15 +27,16 @@ def open_backend(url: str) -> ObjectBackend:
     module docstring), fsspec for everything else."""
     protocol = url.split("://", 1)[0].lower()
     if protocol in ("s3", "s3a"):
-        from . import s3, s3_auth  # here: http.client and ssl only for an s3:// store
+        from .s3 import S3Backend  # here: http.client and ssl only for an s3:// store
+        from .s3_auth import check_environment, settings
 
-        s3_auth.check_environment()  # a key ending in a newline: a clear error, never its value
+        check_environment()  # a key ending in a newline: a clear error, never its value
         if config.S3_CLIENT.value() == "s3fs":
             chosen, why = None, "COMPILE_CACHE_S3_CLIENT=s3fs"
         else:
-            chosen, why = s3_auth.settings(url)
+            chosen, why = settings(url)
         if chosen is not None:
-            backend: ObjectBackend = s3.S3Backend(url, chosen)
+            backend: ObjectBackend = S3Backend(url, chosen)
             logger.debug("compile cache %s: object storage client: %s", redact(url), backend.client)
             return backend
         logger.debug("compile cache %s: object storage client: s3fs (the small S3 client does not "
