@@ -16,6 +16,7 @@ from typing import Any
 from .._paths import check_key, check_member_name
 from . import maintenance
 from ._io import json_bytes, warn_once
+from .keeper import Keeper
 from .pack import PREFIX_SIZE, check_member_bytes, content_hash, encode_pack
 from .parts import StoreParts
 from .records import PackInfo
@@ -36,16 +37,8 @@ def publish(
     member_info: Mapping[str, Mapping[str, Any]] | None,
 ) -> PackInfo | None:
     """See :meth:`Store.publish`."""
-    check_key(key)
-    if not isinstance(members, Mapping):
-        raise TypeError(f"members must be a mapping of name -> bytes, got {type(members).__name__}")
-    for member_name, data in members.items():
-        check_member_name(member_name)
-        check_member_bytes(member_name, data)
     fs, layout, keeper, checker = parts.fs, parts.layout, parts.keeper, parts.checker
-    entry_json = json_bytes(keeper.entry_record(key, entry_info))
-    json_bytes(dict(metadata or {}))  # TypeError/ValueError now, not after the hashing
-    json_bytes(dict(member_info or {}))
+    entry_json = _entry_json(keeper, key, members, metadata, entry_info, member_info)
     if fs.read_only:
         warn_once(fs.root, "read-only-publish",
                   f"compile cache {fs.root} is read-only ({fs.read_only_reason}): "
@@ -88,6 +81,25 @@ def publish(
         except OSError as exc:
             logger.debug("eviction after publish failed: %s", exc)
     return info
+
+
+def _entry_json(
+    keeper: Keeper, key: str, members: Mapping[str, bytes | bytearray | memoryview],
+    metadata: Mapping[str, Any] | None, entry_info: Mapping[str, Any] | None,
+    member_info: Mapping[str, Mapping[str, Any]] | None,
+) -> bytes:
+    """The arguments' programming errors, raised before anything is hashed or written (a bad
+    key, an unsafe member name, non-bytes members, non-JSON metadata); the entry.json bytes."""
+    check_key(key)
+    if not isinstance(members, Mapping):
+        raise TypeError(f"members must be a mapping of name -> bytes, got {type(members).__name__}")
+    for member_name, data in members.items():
+        check_member_name(member_name)
+        check_member_bytes(member_name, data)
+    entry_json = json_bytes(keeper.entry_record(key, entry_info))
+    json_bytes(dict(metadata or {}))  # TypeError/ValueError now, not after the hashing
+    json_bytes(dict(member_info or {}))
+    return entry_json
 
 
 def _write_pack(parts: StoreParts, key: str, target: Path, entry_json: bytes, chunks: Any) -> int:
