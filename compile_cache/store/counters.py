@@ -16,7 +16,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from .._paths import HOSTNAME, is_temp_name
 from ..locks import optional_lock
@@ -128,7 +128,7 @@ class Counters:
     """
 
     #: Shards whose lock could not be taken lately, by path: until when they are not waited for.
-    busy_until: dict[str, float] = {}
+    busy_until: ClassVar[dict[str, float]] = {}
 
     def __init__(self, fs: StoreFS, layout: Layout) -> None:
         self.fs, self.layout = fs, layout
