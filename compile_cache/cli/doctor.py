@@ -56,7 +56,7 @@ def _backend_info() -> dict[str, Any]:
 def _remote_info(tier: Any) -> dict[str, Any]:
     """What doctor says of a store on object storage: its URL (no credentials), whether a
     listing works, and where its credentials come from (a source, never a value)."""
-    from ..store.backend import redact
+    from ..store.backends import redact
 
     error = None
     try:
