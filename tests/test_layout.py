@@ -47,15 +47,6 @@ def _module_name(path: Path) -> str:
 MODULES: dict[str, Path] = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 TREES: dict[str, ast.Module] = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 
-#: TEMPORARY (issue 32): store/ is being split into collaborators with public contracts on its own
-#: branch (issue32-store). Until it lands, the rules on private attributes, private imports and
-#: TYPE_CHECKING cycles skip the modules under this prefix. Delete this constant, and its uses,
-#: when merging that branch.
-PENDING_STORE_SPLIT = "compile_cache.store"
-
-
-def _pending(name: str) -> bool:
-    return name == PENDING_STORE_SPLIT or name.startswith(PENDING_STORE_SPLIT + ".")
 #: The native extension: a leaf (it imports nothing of the package).
 EXTENSIONS = {"compile_cache._C"}
 
@@ -86,22 +77,10 @@ def _resolve(importer: str, node: ast.ImportFrom) -> list[str]:
     return out
 
 
-def _type_checking_blocks(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in ast.walk(node):
-                skip.add(id(child))
-    return skip
-
-
 def _imports(name: str, tree: ast.Module | None = None) -> set[str]:
     tree = TREES[name] if tree is None else tree
-    skip = _type_checking_blocks(tree) if _pending(name) else set()
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in MODULES)
         elif isinstance(node, ast.ImportFrom):
@@ -308,7 +287,7 @@ def _private_accesses(name: str, tree: ast.Module) -> list[str]:
 
 
 def test_no_access_to_another_objects_private_attributes() -> None:
-    found = [use for name, tree in TREES.items() if not _pending(name) for use in _private_accesses(name, tree)]
+    found = [use for name, tree in TREES.items() for use in _private_accesses(name, tree)]
     assert found == [], "add a public method or property for what the caller needs"
     used = {ast.unparse(node) for tree in TREES.values() for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert set(STDLIB_PRIVATE) <= used, "an allow-list entry nothing uses any more: take it off"
@@ -341,7 +320,7 @@ def _private_imports(name: str, tree: ast.Module) -> list[str]:
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
-    found = [use for name, tree in TREES.items() if not _pending(name) for use in _private_imports(name, tree)]
+    found = [use for name, tree in TREES.items() for use in _private_imports(name, tree)]
     assert found == [], "make the name public (and say what it is for), or move the code that needs it"
     code = ast.parse("from .cache import _TLS, install\nfrom ... import _warnings\n")
     assert _private_imports("compile_cache.torch_compat.kv.calls", code) == [
@@ -354,11 +333,9 @@ def test_no_module_imports_another_modules_private_names() -> None:
 LONG_FUNCTION = 80
 LONG_FUNCTIONS_ALLOWED = {
     "compile_cache.cli.doctor:cmd_doctor",
-    "compile_cache.store.maintenance:verify",
     "compile_cache.plan:plan_regions",
     "compile_cache.cli.main:build_parser",
     "compile_cache.distributed.protocol:warm_up",
-    "compile_cache.store.safety:trust_problem",
 }
 
 
