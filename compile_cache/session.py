@@ -36,7 +36,7 @@ from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .session_publish import PublishingSession
 from .store import EntryInfo, Store, generations, misses
-from .torch_compat import cache_use, dynamo, inductor_cache, isa
+from .torch_compat import autotune, cache_use, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -145,6 +145,7 @@ class CacheSession(PublishingSession):
         start = time.perf_counter()
         packs = self.store.load(self.key)
         selection = generations.select([p.info for p in packs], self.owners or None)
+        parts: list[str] = []  # max-autotune selection-cache parts, merged into torch's file
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
@@ -177,6 +178,10 @@ class CacheSession(PublishingSession):
             self.report.restored_bytes += nbytes
             for name, (real, size, mtime) in result.files.items():
                 self._known[name] = (real, size, mtime, digests[name])
+                if autotune.PART_DIR_SUFFIX + "/" in name:
+                    parts.append(real)
+        if parts:  # before the first compile reads the selection cache
+            autotune.merge_restored_parts(parts)
         if selection.superseded_units:
             logger.info("compile_cache: %d superseded unit(s) of %s not restored",
                         selection.superseded_units, self.key[:12])
