@@ -55,6 +55,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
 from . import _warnings
+from .keys import region_devices
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
     VIEWS_SUFFIX,
@@ -65,7 +66,6 @@ from .precompiled import (
     RegionPrecompileWarning,
     compile_plain,
 )
-from .keys import region_devices
 from .torch_compat import cudagraphs, dynamo, kv_cache, kv_calls
 from .torch_compat import precompile as pc
 from .torch_compat.cache_use import owner_stack

@@ -212,6 +212,7 @@ class CacheSession(PublishingSession):
             self.report.capture = "directory diff"
             self._capture = artifacts.Capture()
             return
+        _warn_unbundled(self._entry_info.get("device"))
         if capture.install():
             self._by_use = True
             self.report.capture = "by use"
@@ -407,6 +408,22 @@ def _device_of(model: nn.Module) -> str:
     return "cpu"
 
 
+_unbundled_warned = False
+
+
+def _warn_unbundled(device: Any) -> None:
+    """Warns once per process when a GPU model's Triton kernels would not ride in the packs."""
+    global _unbundled_warned
+    if _unbundled_warned or device in ("cpu", "meta", None) or autotune.triton_bundling() is not False:
+        return
+    _unbundled_warned = True
+    _warnings.warn(
+        "compile_cache: torch._inductor.config.bundle_triton_into_fx_graph_cache is off "
+        "(TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE): packs carry no Triton kernels, so a "
+        "fresh node compiles every kernel from source. Leave it on (torch's default) to carry them.",
+        RuntimeWarning)
+
+
 _fallbacks_counted: set[str] = set()
 _explained: set[tuple[str, str]] = set()  # (store, key) misses warned about in this process
 
@@ -463,8 +480,9 @@ def open_session(
 
 def _reset() -> None:
     """Forget the last report and the counted backend fallbacks (tests)."""
-    global _last_report
+    global _last_report, _unbundled_warned
     with _report_lock:
         _last_report = None
+    _unbundled_warned = False
     _fallbacks_counted.clear()
     _explained.clear()

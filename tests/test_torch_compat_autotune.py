@@ -171,3 +171,60 @@ def test_the_selection_cache_part_a_compile_used_is_merged_into_torchs_file(
     again = PersistentCache().lookup(choices, "mm", "[(4, 4)]", no_benchmark)
     assert {c.name: t for c, t in again.items()} == {"triton_mm_1": 0.5, "aten_mm": 0.5}
     assert torch.get_float32_matmul_precision() in json.dumps(PersistentCache().get_local_cache())
+
+
+def test_dynamo_job_profile_rides_with_the_first_group_when_a_job_id_is_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compiler.config.job_id set: the job's code_state_* file (torch's own path) is a unit
+    of the model's first group; without a job id, nothing of the kind is carried."""
+    from torch._dynamo import pgo
+
+    from compile_cache.torch_compat import pgo as our_pgo
+
+    node = _node(monkeypatch, tmp_path / "inductor")
+    assert capture.install()
+    owners = cache_use.owner_stack()
+    owners.append("region_A")
+    try:
+        with _compiling(9):
+            cache_use.note_file(str(node / "xx" / "nothing.best_config"))  # the group compiled
+    finally:
+        owners.pop()
+    assert our_pgo.code_state_file() is None
+    assert [u["slot"] for u in capture.usage(["region_A", "region_B"]).units] == ["graph#0"]
+    monkeypatch.setattr(torch.compiler.config, "job_id", "cc-test-job")
+    path = our_pgo.code_state_file()
+    assert path == pgo.code_state_path(pgo.get_cache_key())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"profile v1")
+    found = capture.usage(["region_A", "region_B"])
+    member = "inductor/" + os.path.relpath(path, node).replace(os.sep, "/")
+    assert {"scope": "region_A", "slot": "dynamo-pgo#0", "members": [member]} in found.units
+    with open(path, "wb") as f:
+        f.write(b"profile v2")
+    assert capture.usage(["region_A", "region_B"]).generation != found.generation  # published again
+
+
+def test_a_gpu_model_is_warned_once_when_triton_kernels_would_not_ride_in_packs() -> None:
+    import warnings
+
+    import torch._inductor.config as inductor_config
+
+    from compile_cache import session
+
+    assert autotune.triton_bundling() is True  # torch's default outside fbcode
+    with inductor_config.patch(bundle_triton_into_fx_graph_cache=False):
+        assert autotune.triton_bundling() is False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            session._warn_unbundled("cpu")  # CPU graphs have no Triton kernels
+            session._warn_unbundled("cuda")
+            session._warn_unbundled("cuda")
+        texts = [str(w.message) for w in caught]
+        assert len(texts) == 1 and "bundle_triton_into_fx_graph_cache is off" in texts[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session._reset()
+        session._warn_unbundled("cuda")  # on again: nothing to say
+    assert caught == []

@@ -39,7 +39,7 @@ from typing import Any
 from . import available, capability, mark_missing
 
 __all__ = ["PART_DIR_SUFFIX", "best_config_path", "counts", "install", "merge_restored_parts",
-           "selection_cache_path"]
+           "install_possible", "selection_cache_path", "triton_bundling"]
 
 log = logging.getLogger("compile_cache")
 
@@ -95,6 +95,18 @@ def selection_cache_path() -> str:
     from torch._inductor.codecache import PersistentCache
 
     return str(PersistentCache.get_local_cache_path())
+
+
+def triton_bundling() -> bool | None:
+    """Whether Inductor bundles Triton kernels into its FX-graph entries (torch's
+    ``TritonBundler.is_enabled``: ``bundle_triton_into_fx_graph_cache``, off when caches are
+    force-disabled); None when torch cannot say. Without it a pack carries no Triton kernels."""
+    try:
+        from torch._inductor.triton_bundler import TritonBundler
+
+        return bool(TritonBundler.is_enabled())
+    except Exception:
+        return None
 
 
 def _read_file(path: str) -> bytes | None:
@@ -216,6 +228,11 @@ def _install_selection() -> None:
     lookup_recording.__name__ = lookup.__name__
     lookup_recording.__qualname__ = lookup.__qualname__
     PersistentCache.lookup = lookup_recording  # type: ignore[method-assign]
+
+
+def install_possible() -> bool:
+    """The hooks can be attached in this process (the capability is available)."""
+    return available("autotune.capture")
 
 
 def install() -> bool:
