@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import available, capability, mark_missing
@@ -55,6 +55,8 @@ _NEEDS = (
 _counts = {"best_config_saved": 0, "best_config_read": 0, "selection_parts": 0,
            "parts_merged": 0}
 _installed = False
+#: Set by :func:`install`: where noted and recorded files go (capture by use's bookkeeping).
+_callbacks: dict[str, Any] = {"note": None, "record": None}
 
 
 @capability(
@@ -118,11 +120,9 @@ def _read_file(path: str) -> bytes | None:
 
 
 def _record(path: str) -> None:
-    from . import cache_use
-
     data = _read_file(path)
     if data is not None:
-        cache_use.record_file(path, data)
+        _callbacks["record"](path, data)
 
 
 def _local_key(cache: Any) -> str | None:
@@ -136,8 +136,6 @@ def _local_key(cache: Any) -> str | None:
 def _install_best_config() -> None:
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    from . import cache_use
-
     create, save, read = AutotuneCache.create, AutotuneCache.save, AutotuneCache._read
     if getattr(save, "_compile_cache_original", None) is not None:
         return
@@ -147,7 +145,7 @@ def _install_best_config() -> None:
         try:
             key = _local_key(cache)
             if key is not None:
-                cache_use.note_file(key)  # the compile that made the kernel owns its result
+                _callbacks["note"](key)  # the compile that made the kernel owns its result
         except Exception as exc:  # never break torch's kernel load
             log.debug("compile_cache: autotune cache of %s not noted: %s", filename, exc)
         return cache
@@ -198,8 +196,6 @@ def _install_selection() -> None:
     import torch
     from torch._inductor.codecache import PersistentCache
 
-    from . import cache_use
-
     lookup = PersistentCache.lookup
     if getattr(lookup, "_compile_cache_original", None) is not None:
         return
@@ -219,7 +215,7 @@ def _install_selection() -> None:
                     base = str(self.get_local_cache_path())
                     name = hashlib.sha256(data).hexdigest()[:32] + ".json"
                     _counts["selection_parts"] += 1
-                    cache_use.record_file(os.path.join(base + PART_DIR_SUFFIX, name), data)
+                    _callbacks["record"](os.path.join(base + PART_DIR_SUFFIX, name), data)
         except Exception as exc:
             log.debug("compile_cache: selection-cache use not recorded: %s", exc)
         return timings
@@ -235,10 +231,12 @@ def install_possible() -> bool:
     return available("autotune.capture")
 
 
-def install() -> bool:
+def install(note: Callable[[str], None], record: Callable[[str, bytes], None]) -> bool:
     """Attaches the autotune hooks (once per process); False, warned once, where torch lacks
-    one (capture by use goes on without autotune results)."""
+    one (capture by use goes on without autotune results). ``note(path)``: a kernel's result
+    file belongs to the compile running now; ``record(path, bytes)``: a result file was used."""
     global _installed
+    _callbacks.update(note=note, record=record)
     if _installed:
         return available("autotune.capture")
     if not available("autotune.capture"):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import available, capability, mark_missing
+from . import autotune, available, capability, mark_missing
 from .inductor_cache import KernelFile, member_name
 from .tensors import input_signature
 
@@ -507,9 +507,8 @@ def install() -> bool:
             _install_aot()
             _install_kernels()
             _install_compile_end()
-            from . import autotune
-
-            autotune.install()  # optional: without it, autotune results are not carried (warned)
+            # Optional: without it (warned), autotune results are not carried.
+            autotune.install(note_file, record_file)
         except Exception as exc:  # a signature torch changed: the diff takes over, loudly
             mark_missing("cache_use.capture", f"{type(exc).__name__}: {exc}")
             return False
