@@ -177,3 +177,97 @@ def machine() -> str:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads{gpu}"
     )
+
+
+#: The private torch names KernelCounters wraps (gpu_check checks they exist).
+COUNTED_TORCH_NAMES = (
+    "torch._inductor.triton_bundler.TritonBundler.read_and_emit",
+    "torch._inductor.runtime.triton_heuristics.CachingAutotuner.benchmark_all_configs",
+    "torch._inductor.runtime.cache_dir_utils.triton_cache_dir",
+)
+
+_KERNEL_BINARIES = (".cubin", ".hsaco", ".zebin", ".spv")
+
+
+class KernelCounters:
+    """Triton kernels compiled from source and autotune benchmarks in this process.
+
+    Triton compiles in Inductor's worker processes too, so kernels are counted by their files:
+    a kernel directory (one holding a ``.cubin``/``.hsaco``/``.zebin``) that appears in Triton's
+    cache dir during the run and that torch's bundler did not write (``TritonBundler.
+    read_and_emit``, the kernels an FX-graph entry carries) was compiled from source. Benchmarks:
+    ``CachingAutotuner.benchmark_all_configs`` calls (a kernel's configs timed at its first run,
+    in this process) and Inductor's ``select_algorithm_autotune``/``coordesc_tuning_bench``
+    counters (max-autotune). Names torch lacks are listed in ``missing`` (counts then partial).
+    """
+
+    def __init__(self) -> None:
+        self.missing: list[str] = []
+        self.emitted: set[str] = set()
+        self.benchmarks = 0
+        self.directory = self._triton_dir()
+        self.before = self._kernel_dirs()
+        self._install()
+
+    def _triton_dir(self) -> str:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+            return triton_cache_dir(0)
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[2])
+            return os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+
+    def _kernel_dirs(self) -> set[str]:
+        found = set()
+        try:
+            for entry in os.scandir(self.directory):
+                if entry.is_dir() and not entry.name.startswith("tmp."):
+                    if any(n.endswith(_KERNEL_BINARIES) for n in os.listdir(entry.path)):
+                        found.add(entry.name)
+        except OSError:
+            pass
+        return found
+
+    def _install(self) -> None:
+        try:
+            from torch._inductor.triton_bundler import TritonBundler
+
+            emit = TritonBundler.read_and_emit
+
+            def read_and_emit(*args: Any, **kwargs: Any) -> Any:
+                before = self._kernel_dirs()
+                try:
+                    return emit(*args, **kwargs)
+                finally:
+                    self.emitted |= self._kernel_dirs() - before
+
+            TritonBundler.read_and_emit = staticmethod(read_and_emit)  # type: ignore[method-assign]
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[0])
+        try:
+            from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+            bench = CachingAutotuner.benchmark_all_configs
+
+            def benchmark_all_configs(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+                self.benchmarks += 1
+                return bench(tuner, *args, **kwargs)
+
+            CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[1])
+
+    def read(self) -> dict[str, Any]:
+        """``triton_compiled``, ``triton_restored``, ``autotune_benchmarks`` (and max-autotune's)."""
+        from torch._dynamo.utils import counters
+
+        new = self._kernel_dirs() - self.before
+        return {
+            "triton_compiled": len(new - self.emitted),
+            "triton_restored": len(self.emitted),
+            "autotune_benchmarks": self.benchmarks,
+            "select_algorithm_autotune": counters["inductor"]["select_algorithm_autotune"],
+            "coordesc_tuning_bench": counters["inductor"]["coordesc_tuning_bench"],
+            **({"counting_missing": self.missing} if self.missing else {}),
+        }
