@@ -331,10 +331,9 @@ def test_cold_start_process_ratio_compares_median_whole_processes():
 def test_kernel_counters_tell_compiled_kernels_from_restored_ones(tmp_path, monkeypatch):
     """gpu_check's per-row counts, with stand-ins: a kernel directory torch's bundler writes is
     restored, one that appears otherwise was compiled; benchmark_all_configs calls are counted."""
+    import _common
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from torch._inductor.triton_bundler import TritonBundler
-
-    import _common
 
     triton = tmp_path / "triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))

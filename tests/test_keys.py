@@ -251,15 +251,16 @@ def test_region_devices_come_from_parameters_and_buffers() -> None:
     assert record["environment"]["devices"] == "meta" and "cpu_threads" not in record["environment"]
 
 
-def test_compile_on_one_rank_is_in_the_key_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_on_one_rank_is_in_the_key_only_when_set() -> None:
     import torch.distributed.config as dist_config
 
     before = envmod.environment(["cuda"])
     assert "compile_on_one_rank" not in before
-    monkeypatch.setattr(dist_config, "compile_on_one_rank", True)
-    after = envmod.environment(["cuda"])
+    with dist_config.patch(compile_on_one_rank=True):  # a config module: patch(), not setattr
+        after = envmod.environment(["cuda"])
     assert after["compile_on_one_rank"] == "True"
     assert envmod.environment_digest(after) != envmod.environment_digest(before)
+    assert envmod.environment(["cuda"]) == before
 
 
 def test_explain_names_the_new_environment_fields(fake_gpus: dict[str, int]) -> None:

@@ -192,18 +192,18 @@ def test_dynamo_job_profile_rides_with_the_first_group_when_a_job_id_is_set(
         owners.pop()
     assert our_pgo.code_state_file() is None
     assert [u["slot"] for u in capture.usage(["region_A", "region_B"]).units] == ["graph#0"]
-    monkeypatch.setattr(torch.compiler.config, "job_id", "cc-test-job")
-    path = our_pgo.code_state_file()
-    assert path == pgo.code_state_path(pgo.get_cache_key())
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(b"profile v1")
-    found = capture.usage(["region_A", "region_B"])
-    member = "inductor/" + os.path.relpath(path, node).replace(os.sep, "/")
-    assert {"scope": "region_A", "slot": "dynamo-pgo#0", "members": [member]} in found.units
-    with open(path, "wb") as f:
-        f.write(b"profile v2")
-    assert capture.usage(["region_A", "region_B"]).generation != found.generation  # published again
+    with torch.compiler.config.patch(job_id="cc-test-job"):  # a config module: patch(), not setattr
+        path = our_pgo.code_state_file()
+        assert path == pgo.code_state_path(pgo.get_cache_key())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"profile v1")
+        found = capture.usage(["region_A", "region_B"])
+        member = "inductor/" + os.path.relpath(path, node).replace(os.sep, "/")
+        assert {"scope": "region_A", "slot": "dynamo-pgo#0", "members": [member]} in found.units
+        with open(path, "wb") as f:
+            f.write(b"profile v2")
+        assert capture.usage(["region_A", "region_B"]).generation != found.generation  # published again
 
 
 def test_a_gpu_model_is_warned_once_when_triton_kernels_would_not_ride_in_packs() -> None:
