@@ -210,13 +210,14 @@ class KernelCounters:
         self._install()
 
     def _triton_dir(self) -> str:
-        try:
-            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-
-            return triton_cache_dir(0)
-        except Exception:
-            self.missing.append(COUNTED_TORCH_NAMES[2])
-            return os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+        """torch's ``triton_cache_dir`` rule (TRITON_CACHE_DIR, else the Inductor dir's
+        ``triton/0``), without importing Inductor (``read`` checks it against torch's)."""
+        directory = os.environ.get("TRITON_CACHE_DIR")
+        if directory is not None:
+            return directory
+        inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "root"))
+        return os.path.join(os.path.abspath(inductor), "triton", "0")
 
     def _kernel_dirs(self) -> set[str]:
         found = set()
@@ -230,10 +231,23 @@ class KernelCounters:
         return found
 
     def _install(self) -> None:
-        try:
-            from torch._inductor.triton_bundler import TritonBundler
+        """Wraps the two torch functions when their modules are imported (at once if they are
+        already): importing them here would move Inductor's import cost out of the TTFO."""
+        targets = {"torch._inductor.triton_bundler": self._wrap_bundler,
+                   "torch._inductor.runtime.triton_heuristics": self._wrap_autotuner}
+        pending = {}
+        for name, wrap in targets.items():
+            if name in sys.modules:
+                wrap(sys.modules[name])
+            else:
+                pending[name] = wrap
+        if pending:
+            sys.meta_path.insert(0, _AfterImport(pending))
 
-            emit = TritonBundler.read_and_emit
+    def _wrap_bundler(self, module: Any) -> None:
+        try:
+            bundler = module.TritonBundler
+            emit = bundler.read_and_emit
 
             def read_and_emit(*args: Any, **kwargs: Any) -> Any:
                 before = self._kernel_dirs()
@@ -242,19 +256,20 @@ class KernelCounters:
                 finally:
                     self.emitted |= self._kernel_dirs() - before
 
-            TritonBundler.read_and_emit = staticmethod(read_and_emit)  # type: ignore[method-assign]
+            bundler.read_and_emit = staticmethod(read_and_emit)
         except Exception:
             self.missing.append(COUNTED_TORCH_NAMES[0])
-        try:
-            from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-            bench = CachingAutotuner.benchmark_all_configs
+    def _wrap_autotuner(self, module: Any) -> None:
+        try:
+            tuner_class = module.CachingAutotuner
+            bench = tuner_class.benchmark_all_configs
 
             def benchmark_all_configs(tuner: Any, *args: Any, **kwargs: Any) -> Any:
                 self.benchmarks += 1
                 return bench(tuner, *args, **kwargs)
 
-            CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
+            tuner_class.benchmark_all_configs = benchmark_all_configs
         except Exception:
             self.missing.append(COUNTED_TORCH_NAMES[1])
 
@@ -262,6 +277,13 @@ class KernelCounters:
         """``triton_compiled``, ``triton_restored``, ``autotune_benchmarks`` (and max-autotune's)."""
         from torch._dynamo.utils import counters
 
+        try:
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+            if triton_cache_dir(0) != self.directory:
+                self.missing.append(f"{COUNTED_TORCH_NAMES[2]} (is {triton_cache_dir(0)})")
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[2])
         new = self._kernel_dirs() - self.before
         return {
             "triton_compiled": len(new - self.emitted),
@@ -271,3 +293,47 @@ class KernelCounters:
             "coordesc_tuning_bench": counters["inductor"]["coordesc_tuning_bench"],
             **({"counting_missing": self.missing} if self.missing else {}),
         }
+
+
+class _AfterImport:
+    """A meta-path finder that calls ``pending[name](module)`` right after ``name`` is imported."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        self.pending = pending
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        wrap = self.pending.get(name)
+        if wrap is None:
+            return None
+
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        spec.loader = _WrappingLoader(spec.loader, lambda module: (self.pending.pop(name, None),
+                                                                   wrap(module)))
+        return spec
+
+
+class _WrappingLoader:
+    """The module's own loader (every other attribute delegated), calling ``after`` once the
+    module has executed."""
+
+    def __init__(self, loader: Any, after: Any) -> None:
+        self._loader = loader
+        self._after = after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._after(module)
+
