@@ -19,6 +19,7 @@ STATEFUL_MODULES: tuple[str, ...] = (
     "compile_cache.torch_compat",
     "compile_cache.torch_compat.isa",
     "compile_cache.torch_compat.cache_use",
+    "compile_cache.torch_compat.autotune",
     "compile_cache.torch_compat.cpp_header",
     "compile_cache.capture",
     "compile_cache.artifacts",

@@ -55,6 +55,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
 from . import _warnings
+from .keys import region_devices
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
     VIEWS_SUFFIX,
@@ -65,7 +66,7 @@ from .precompiled import (
     RegionPrecompileWarning,
     compile_plain,
 )
-from .torch_compat import dynamo, module_calls
+from .torch_compat import cudagraphs, dynamo, module_calls
 from .torch_compat import precompile as pc
 from .torch_compat.cache_use import owner_stack
 from .torch_compat.kv import cache as kv_cache
@@ -347,7 +348,7 @@ class _RegionRunner:
     """
 
     __slots__ = ("compiled", "state", "key", "owner", "failures", "on_end", "module", "hook_slots",
-                 "hook_id", "hook_version", "hooked", "__weakref__")
+                 "hook_id", "hook_version", "hooked", "copy_out", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple, module: nn.Module) -> None:
         self.compiled = compiled
@@ -366,6 +367,8 @@ class _RegionRunner:
         self.hook_version = -1  # _trace_version then
         #: The hook dicts that hold a hook where a trace of the group's code saw none (eager).
         self.hooked: tuple[str, ...] = ()
+        #: CUDA graphs with regions: outputs leave as copies (torch_compat.cudagraphs).
+        self.copy_out = False
         if state.pf is not None:
             # The precompiled code may come from another process (a store), traced with the hooks
             # the plan saw on the group (its fingerprint holds them) and, presumably, no global ones.
@@ -431,6 +434,8 @@ class _RegionRunner:
                 out = self.compiled(*args, **kwargs)
         finally:
             owners.pop()
+        if self.copy_out and not hooked:  # out of the cudagraph pool before the next region
+            out = cudagraphs.detach_outputs(out)
         if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
             state.check_resumes()
             if not hooked:
@@ -526,6 +531,7 @@ def install(
     for name, (code_name, _, _) in wanted.items():
         wanted_members.setdefault(code_name, []).append(name)
     frozen = _freeze((kwargs, precompile.store_key if precompile is not None else None))
+    copy_out = _copies_outputs(model, kwargs) if not disabled else False
     states: dict[str, _GroupState] = {}
     functions: dict[str, pc.PrecompiledFunction] = {}
     groups = GroupPrecompiler(precompile, _trampoline) if precompile is not None else None
@@ -561,7 +567,9 @@ def install(
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
             state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-        module_calls.set_compiled_call(mod, _RegionRunner(compiled, state, key, mod))
+        runner = _RegionRunner(compiled, state, key, mod)
+        runner.copy_out = copy_out
+        module_calls.set_compiled_call(mod, runner)
     if groups is not None:
         groups.finish()
     if states and not PER_CALL_RECOMPILE_LIMIT:
@@ -572,6 +580,21 @@ def install(
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
+
+
+def _copies_outputs(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Regions compiled with CUDA graphs hand on copies of their outputs: in cudagraph trees a
+    region's output lives in the tree's pool and a later replay overwrites it, while the next
+    region (or the next call of the same group) still reads it (torch #152887, #160281). A model
+    whose tensors are all on the CPU gets no CUDA graphs and no copies."""
+    if cudagraphs.wants_cudagraphs(kwargs) is False:
+        return False
+    devices = region_devices(model)
+    if devices is not None and set(devices) <= {"cpu", "meta"}:
+        return False
+    logger.info("compile_cache: CUDA graphs with regional compilation: each region's CUDA outputs "
+                "(and the gradients flowing back into it) are copied out of the cudagraph pool")
+    return True
 
 
 def _prepare_group(state: _GroupState, block: nn.Module, kwargs: dict) -> None:

@@ -36,7 +36,7 @@ from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .session_publish import SessionPublisher
 from .store import EntryInfo, Store, generations, misses
-from .torch_compat import cache_use, dynamo, inductor_cache, isa
+from .torch_compat import autotune, cache_use, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -142,6 +142,7 @@ class CacheSession:
         start = time.perf_counter()
         packs = self.store.load(self.key)
         selection = generations.select([p.info for p in packs], self.owners or None)
+        parts: list[str] = []  # max-autotune selection-cache parts, merged into torch's file
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
@@ -174,6 +175,10 @@ class CacheSession:
             self.report.restored_bytes += nbytes
             for name, (real, size, mtime) in result.files.items():
                 self.publishing.known[name] = (real, size, mtime, digests[name])
+                if autotune.PART_DIR_SUFFIX + "/" in name:
+                    parts.append(real)
+        if parts:  # before the first compile reads the selection cache
+            autotune.merge_restored_parts(parts)
         if selection.superseded_units:
             logger.info("compile_cache: %d superseded unit(s) of %s not restored",
                         selection.superseded_units, self.key[:12])
@@ -204,6 +209,7 @@ class CacheSession:
             self.report.capture = "directory diff"
             self._capture = artifacts.Capture()
             return
+        _warn_unbundled(self._entry_info.get("device"))
         if capture.install():
             self.publishing.by_use = True
             self.report.capture = "by use"
@@ -405,6 +411,22 @@ def _device_of(model: nn.Module) -> str:
     return "cpu"
 
 
+_unbundled_warned = False
+
+
+def _warn_unbundled(device: Any) -> None:
+    """Warns once per process when a GPU model's Triton kernels would not ride in the packs."""
+    global _unbundled_warned
+    if _unbundled_warned or device in ("cpu", "meta", None) or autotune.triton_bundling() is not False:
+        return
+    _unbundled_warned = True
+    _warnings.warn(
+        "compile_cache: torch._inductor.config.bundle_triton_into_fx_graph_cache is off "
+        "(TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE): packs carry no Triton kernels, so a "
+        "fresh node compiles every kernel from source. Leave it on (torch's default) to carry them.",
+        RuntimeWarning)
+
+
 _fallbacks_counted: set[str] = set()
 _explained: set[tuple[str, str]] = set()  # (store, key) misses warned about in this process
 
@@ -461,8 +483,9 @@ def open_session(
 
 def _reset() -> None:
     """Forget the last report and the counted backend fallbacks (tests)."""
-    global _last_report
+    global _last_report, _unbundled_warned
     with _report_lock:
         _last_report = None
+    _unbundled_warned = False
     _fallbacks_counted.clear()
     _explained.clear()
