@@ -29,7 +29,7 @@ from typing import Any
 
 from . import artifacts
 from .store import generations
-from .torch_compat import cache_use, inductor_cache, isa, pgo
+from .torch_compat import cache_use, dynamic_shapes, inductor_cache, isa, pgo
 
 __all__ = ["Candidate", "Known", "Usage", "counts", "install", "resolve", "usage"]
 
@@ -169,6 +169,13 @@ def usage(owners: Sequence[str], known: Known | None = None,
         candidates[member] = Candidate(member, digest, lambda data=data: data)
         units.append({"scope": owners[0], "slot": "dynamo-pgo#0", "members": [member]})
         extra_digests.append(digest)
+    dynamic = _dynamic_record(owners)
+    if dynamic is not None:  # the groups' automatic-dynamic decisions: a unit of the first group
+        member, data = dynamic
+        digest = _sha256(data)
+        candidates[member] = Candidate(member, digest, lambda data=data: data)
+        units.append({"scope": owners[0], "slot": "dynamo-dynamic#0", "members": [member]})
+        extra_digests.append(digest)
     # Changes whenever anything to publish does (a replaced entry keeps its name, not its bytes).
     marker = hash((generation, len(always), tuple(extra_digests)))
     return Usage(candidates, units, always, marker)
@@ -190,6 +197,17 @@ def _job_profile(owners: Sequence[str]) -> tuple[str, bytes] | None:
             return member, f.read()
     except OSError:
         return None
+
+
+def _dynamic_record(owners: Sequence[str]) -> tuple[str, bytes] | None:
+    """(member, bytes) of the automatic-dynamic record of the groups ``owners`` (what this
+    process learned, merged with what it restored), or None when there is none."""
+    if not owners:
+        return None
+    state = dynamic_shapes.snapshot(owners)
+    if state is None:
+        return None
+    return dynamic_shapes.member(owners[0]), dynamic_shapes.encode_state(state)
 
 
 def resolve(found: Usage, held: Mapping[str, set[str | None]]

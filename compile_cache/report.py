@@ -51,6 +51,9 @@ class CacheReport:
     #: Graphs of restored precompile entries not installed (traced again): their recorded
     #: values differ here, or could not be proven (the groups' ``reason`` says which).
     precompile_unproven: int = 0
+    #: The automatic-dynamic decisions restored for the model's regions: per code name, the
+    #: inputs (and dimensions) the store has seen vary, so this process compiles them dynamic.
+    dynamic_inputs: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def hit(self) -> bool:

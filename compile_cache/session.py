@@ -36,7 +36,7 @@ from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .session_publish import SessionPublisher
 from .store import EntryInfo, Store, generations, misses
-from .torch_compat import autotune, cache_use, dynamo, inductor_cache, isa
+from .torch_compat import autotune, cache_use, dynamic_shapes, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -195,9 +195,23 @@ class CacheSession:
         if self.report.restored_packs and answers:
             artifacts.trust_restored_isa_answers(answers)
         self.precompiled.restored([pack.info.metadata for pack in packs])
+        self._install_dynamic()
         if count and not self.report.restored_packs:
             self._explain_miss()
         self._counters = dynamo.CompileCounters.snapshot()
+
+    def _install_dynamic(self) -> None:
+        """Puts the restored automatic-dynamic decisions of the model's groups in place before
+        the first compile (:mod:`compile_cache.torch_compat.dynamic_shapes`)."""
+        if not self.owners:
+            return
+        state = dynamic_shapes.read_restored(self.owners[0])
+        if state is None:
+            return
+        turned = dynamic_shapes.install(state)
+        self.report.dynamic_inputs = dynamic_shapes.summary(state)
+        logger.info("compile_cache: restored automatic-dynamic decisions of %s (%d dynamic "
+                    "dimension(s) new to this process)", self.key[:12], turned)
 
     def start_capture(self) -> None:
         """Capture by use where torch allows it, else (warned once, counted) the directory diff.

@@ -1,0 +1,162 @@
+"""The regions' automatic-dynamic decisions carried by the store
+(compile_cache/torch_compat/dynamic_shapes.py; published by compile_cache/capture.py, put in place
+by compile_cache/session.py before the first compile).
+
+Logic tests use a recording backend in this process; the fresh-node chain runs real Inductor in
+child processes (tests/_dynamic_child.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from compile_cache import compile_regions, get_plan
+from compile_cache.torch_compat import dynamic_shapes
+
+pytestmark = pytest.mark.usefixtures("dynamo_reset")
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _owners(model: nn.Module) -> list[str]:
+    plan = get_plan(model)
+    return [g.code_name for g in plan.groups] + [p.code_name for p in plan.compiled_rest]
+
+
+def _record_at(backend, *lengths: int) -> dict:
+    """The record of a process that ran the model at ``lengths`` (then forgotten: a new node)."""
+    model = _Stack()
+    compile_regions(model, backend=backend, cache_dir=False)
+    for n in lengths:
+        model(torch.randn(2, n, 8))
+    state = dynamic_shapes.snapshot(_owners(model))
+    torch._dynamo.reset()  # Dynamo's record too: the next "process" starts without it
+    backend.graphs.clear()
+    return state
+
+
+def test_a_record_says_which_dimension_varied_and_round_trips_as_json(counting_backend):
+    one = _record_at(counting_backend, 5)
+    assert dynamic_shapes.summary(one) == {}  # one length: nothing dynamic
+    two = _record_at(counting_backend, 5, 7)
+    (group,) = two["codes"].values()
+    assert group["name"].startswith("region__Block_")
+    assert dynamic_shapes.summary(two) == {group["name"]: ["L['args'][0] (dim 1)"]}
+    again = json.loads(dynamic_shapes.encode_state(two))
+    assert again == two and dynamic_shapes.encode_state(again) == dynamic_shapes.encode_state(two)
+    # merged across nodes: a dimension seen to vary anywhere is dynamic
+    merged = dynamic_shapes.merge(one, _record_at(counting_backend, 9))
+    assert dynamic_shapes.summary(merged) == dynamic_shapes.summary(two)
+    assert dynamic_shapes.merge(one, one) == one
+
+
+def test_a_restored_record_makes_the_first_compile_dynamic(counting_backend):
+    merged = dynamic_shapes.merge(_record_at(counting_backend, 5), _record_at(counting_backend, 7))
+    model = _Stack()
+    ref = [model(torch.randn(2, n, 8, generator=torch.Generator().manual_seed(n))) for n in (9, 11, 4)]
+    assert dynamic_shapes.install(merged) == 1  # one dimension new to this process
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    out = [model(torch.randn(2, 9, 8, generator=torch.Generator().manual_seed(9)))]
+    first = len(counting_backend.graphs)
+    # the first call at a length no process saw compiled dynamic graphs only
+    assert first and counting_backend.symbolic == first
+    out += [model(torch.randn(2, n, 8, generator=torch.Generator().manual_seed(n))) for n in (11, 4)]
+    for got, want in zip(out, ref, strict=True):
+        torch.testing.assert_close(got, want)
+    assert len(counting_backend.graphs) == first  # nothing compiled since
+
+
+def test_without_a_record_the_first_compile_is_static(counting_backend):
+    model = _Stack()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    model(torch.randn(2, 9, 8))
+    assert counting_backend.graphs and counting_backend.symbolic == 0
+
+
+def test_dynamic_false_still_compiles_a_static_graph_per_length(counting_backend):
+    merged = dynamic_shapes.merge(_record_at(counting_backend, 5), _record_at(counting_backend, 7))
+    dynamic_shapes.install(merged)
+    model = _Stack()
+    compile_regions(model, backend=counting_backend, dynamic=False, cache_dir=False)
+    model(torch.randn(2, 9, 8))
+    first = len(counting_backend.graphs)
+    for n in (11, 12):
+        model(torch.randn(2, n, 8))
+    assert first and len(counting_backend.graphs) == 3 * first and counting_backend.symbolic == 0
+
+
+def test_a_malformed_record_is_left_out(counting_backend, caplog):
+    state = _record_at(counting_backend, 5, 7)
+    (code,) = state["codes"].values()
+    code["inputs"]["L['args'][0]"]["size"] = [2, "huge", 8]
+    assert dynamic_shapes.install(state) == 0
+    assert "malformed" in caplog.text
+    assert dynamic_shapes.install({"version": 99, "codes": {}}) == 0
+
+
+# ------------------------------------------------------------- fresh nodes, real Inductor
+
+CHILD = Path(__file__).with_name("_dynamic_child.py")
+
+
+def _node(root: Path, store: Path, length: int, *args: str) -> dict:
+    """One process on a fresh node: new TMPDIR, HOME, XDG_CACHE_HOME and local cache dirs."""
+    from conftest import fresh_node_env
+
+    env = fresh_node_env(root)
+    env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(CHILD), str(store), str(length), *args], env=env,
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.inductor
+def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_path):
+    """generate() of a tiny Llama and GPT-2 at prompts of 16, 10, 12 and 24 tokens, each on a
+    fresh node sharing one store. Node 1 compiles static graphs and publishes what it saw; node 2
+    restores that, sees another length, so compiles the dynamic graphs and publishes them with the
+    merged record; nodes 3 and 4 compile those same graphs: FX-graph hits only. Costs four child
+    processes (two with Inductor compiles, ~8 graphs each)."""
+    store = tmp_path / "store"
+    nodes = {length: _node(tmp_path / f"node-{length}", store, length) for length in (16, 10, 12, 24)}
+    for length, result in nodes.items():
+        for arch in ("llama", "gpt2"):
+            got = result[arch]
+            assert got["equal"] and not got["errors"], (length, arch, got)
+    for arch in ("llama", "gpt2"):
+        assert nodes[16][arch]["fx_misses"] > 0 and nodes[10][arch]["restored_packs"] > 0
+        for length in (12, 24):
+            got = nodes[length][arch]
+            assert got["fx_misses"] == 0 and got["fx_hits"] > 0, (length, arch, got)
+            # the regions' record said which dimensions vary: the prompt length
+            dims = [d for inputs in got["dynamic_inputs"].values() for d in inputs]
+            assert any("L['args'][0] (dim 1)" == d for d in dims), got["dynamic_inputs"]
