@@ -56,7 +56,7 @@ def forwards(lengths: list[int], warm: bool) -> dict:
     return {"equal": equal, "fx_hits": counters["inductor"]["fxgraph_cache_hit"] - hit,
             "fx_misses": counters["inductor"]["fxgraph_cache_miss"] - miss,
             "restored_packs": report.restored_packs, "dynamic_inputs": report.dynamic_inputs,
-            "errors": report.errors}
+            "precompile_hits": report.precompile_hits, "errors": report.errors}
 
 
 def run(arch: str) -> dict:

@@ -165,15 +165,14 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
 @pytest.mark.inductor
 def test_a_forward_at_new_lengths_after_a_warm_over_a_range_compiles_nothing(tmp_path):
     """compile_cache.warm() of a tiny Llama's forward at 16, 32 and 64 tokens on one node; a fresh
-    node then runs forwards at 24, 40 and 16 tokens against eager: FX-graph hits only (the warm's
-    record made the first compile there dynamic). Costs two child processes, one with ~4 Inductor
+    node then runs forwards at 24, 40 and 16 tokens against eager and compiles nothing: the warm
+    saw the length vary, so what it left serves every length (here the groups' precompiled
+    entries, saved with the dynamic graphs). Costs two child processes, one with ~4 Inductor
     compiles."""
     store = tmp_path / "store"
     warm = _node(tmp_path / "node-warm", store, "warm", "16,32,64")
     assert warm["fx_misses"] > 0 and not warm["errors"], warm
     later = _node(tmp_path / "node-job", store, "forward", "24,40,16")
     assert later["equal"] == [True, True, True] and not later["errors"], later
-    assert later["restored_packs"] > 0 and later["fx_hits"] > 0, later
-    assert later["fx_misses"] == 0, later
-    dims = [d for inputs in later["dynamic_inputs"].values() for d in inputs]
-    assert "L['args'][0] (dim 1)" in dims, later["dynamic_inputs"]
+    assert later["restored_packs"] > 0 and later["fx_misses"] == 0, later
+    assert later["fx_hits"] + later["precompile_hits"] > 0, later
