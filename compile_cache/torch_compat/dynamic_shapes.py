@@ -144,8 +144,6 @@ def encode_state(state: dict[str, Any]) -> bytes:
 
 def merge(*states: dict[str, Any] | None) -> dict[str, Any] | None:
     """One record from several (torch's merge: a value that differs between them is dynamic)."""
-    from torch._dynamo import pgo
-
     merged: dict[str, Any] = {}
     for state in states:
         for key, code in ((state or {}).get("codes") or {}).items():
@@ -158,7 +156,6 @@ def merge(*states: dict[str, Any] | None) -> dict[str, Any] | None:
                     base |= new
                     new = base
                 into["inputs"][name] = _encode_entry(new)
-    del pgo
     return {"version": _VERSION, "codes": merged} if merged else None
 
 
