@@ -216,7 +216,7 @@ def test_a_corrupt_object_is_counted_quarantined_and_skipped(s3_url: str, tmp_pa
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
     store = Store(s3_url)
-    name = store.remote.layout.pack_object(K1, info.name)
+    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
     data = bytearray(store.remote.backend.get(name, 1 << 20))
     data[-10] ^= 0xFF
     store.remote.backend.put(name, bytes(data))
@@ -365,7 +365,7 @@ def test_cli_round_trip_on_s3(s3_url: str, tmp_path: Path, capsys: pytest.Captur
 def test_verify_fix_quarantines_a_corrupt_object(s3_url: str) -> None:
     info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
     store = Store(s3_url)
-    name = store.remote.layout.pack_object(K1, info.name)
+    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
     store.remote.backend.put(name, b"garbage" * 10)
     report = store.verify()
     assert len(report.corrupt_packs) == 1 and s3_url in str(report.corrupt_packs[0][0])
