@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from compile_cache.errors import CorruptPackError
-from compile_cache.store import Store, decode_pack, encode_pack
+from compile_cache.store import Store, compression, decode_pack, encode_pack
 from compile_cache.store import _reset as reset_store_warnings
-from compile_cache.store import compression
 from compile_cache.store.pack import PackLimitError
 
 K1 = "c1" * 16

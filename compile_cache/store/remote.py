@@ -149,11 +149,12 @@ class RemoteTier:
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
                 if data is not None and json_object(data)[0] is not None:
                     self.local.fs.write(local_json, data, fsync=False)
-            moved = downloaded = 0
+            moved = stored = downloaded = 0
             for name in missing:
                 size = self._download(key, name, self.layout.pack_object_of(entry, name))
                 if size:
                     moved += size
+                    stored += self.local.layout.pack_path(key, name).stat().st_size
                     downloaded += 1
         except RemoteError as exc:
             if strict:
@@ -164,7 +165,8 @@ class RemoteTier:
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         if downloaded:
-            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=moved)
+            # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
+            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
         return moved
 
     def _download(self, key: str, name: str, obj: str) -> int:
