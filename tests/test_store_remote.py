@@ -361,6 +361,8 @@ def test_cli_round_trip_on_s3(s3_url: str, tmp_path: Path, capsys: pytest.Captur
     code, out, _ = call(capsys, "doctor", "--json", "--cache-dir", other)
     report = json.loads(out)
     assert report["store"]["location"] == other and report["store"]["remote"]["error"] is None
+    assert report["store"]["remote"]["client"].startswith("small S3 client")
+    assert "no s3fs" in report["store"]["remote"]["client_why"]  # which client, and why (issue 39)
     assert report["store"]["entries"] == 2 and SECRET not in out
     code, out, _ = call(capsys, "stats", "--zero", "--cache-dir", other)
     assert code == 0 and Store(other).stats()["publishes"] == 0

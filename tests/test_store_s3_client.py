@@ -389,6 +389,7 @@ def test_anything_else_falls_back_to_s3fs(clean_env: Path, monkeypatch: pytest.M
                            "http://127.0.0.1:3128" if setup == "proxy" else "s3fs")
     backend = open_backend("s3://bkt/p")
     assert isinstance(backend, FsspecBackend) and backend.client == "s3fs"
+    assert backend.why.startswith("the small S3 client declines this store: ")  # doctor shows it
 
 
 def test_the_fallback_really_serves_the_store(s3: S3Server, bucket: str, clean_env: Path,

@@ -71,6 +71,8 @@ class ObjectBackend(Protocol):
     url: str
     #: Which client serves the URL, as doctor and the debug log show it.
     client: str
+    #: Why that client (set by :func:`~.clients.open_backend`; doctor shows it).
+    why: str
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]: ...
     def get(self, name: str, limit: int) -> bytes | None: ...
@@ -87,6 +89,7 @@ class RetryingBackend:
     :class:`RemoteError`, then fail-fast for :data:`DOWN_FOR` seconds."""
 
     client = "?"
+    why = ""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
