@@ -20,6 +20,7 @@ Goals (issue 39): s3 / dir <= 1.05; bytes moved per fresh node raw / compressed 
 
     python benchmarks/bench_remote.py                         # GPT-2 4x256
     python benchmarks/bench_remote.py --models 2x64 --seq 16 --repeats 1   # smoke test
+    python benchmarks/bench_remote.py --levels /path/to/a/store            # zstd level table
 """
 
 from __future__ import annotations
@@ -201,6 +202,36 @@ def _client_import(server: _Moto, repeats: int) -> dict:
     return out
 
 
+def levels(stores: list[str], count: int = 12) -> list[dict]:
+    """Ratio and one-core speed of zstd levels (and zlib/lzma level 1 for reference) on the
+    ``count`` largest packs under ``stores``: what chose COMPILE_CACHE_PACK_COMPRESSION's default."""
+    import lzma
+    import zlib
+    from pathlib import Path
+
+    from compile_cache.store import compression
+
+    paths = sorted((p for d in stores for p in Path(d).rglob("*.pack") if p.is_file()),
+                   key=lambda p: p.stat().st_size, reverse=True)[:count]
+    data = [p.read_bytes() for p in paths]
+    raw = sum(map(len, data))
+    z = compression.zstd()
+    codecs = [(f"zstd {lv}", lambda b, lv=lv: compression.compress(b, lv), z.decompress) for lv in (1, 3, 6, 9, 12, 19)]
+    codecs += [("zlib 1", lambda b: zlib.compress(b, 1), zlib.decompress),
+               ("lzma 1", lambda b: lzma.compress(b, preset=1), lzma.decompress)]
+    rows = []
+    for name, comp, decomp in codecs:
+        t0 = time.perf_counter()
+        packed = [comp(b) for b in data]
+        t1 = time.perf_counter()
+        for b in packed:
+            decomp(b)
+        t2 = time.perf_counter()
+        rows.append({"codec": name, "packs": len(data), "raw_bytes": raw, "ratio": raw / sum(map(len, packed)),
+                     "compress_mb_s": raw / (t1 - t0) / 1e6, "decompress_mb_s": raw / (t2 - t1) / 1e6})
+    return rows
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     prime_precompiled_header()
@@ -247,7 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--levels", nargs="+", metavar="STORE",
+                        help="only measure zstd levels on the largest packs of these directory stores")
     args = parser.parse_args(argv)
+    if args.levels:
+        table = levels(args.levels)
+        if args.json:
+            print(json.dumps(table, indent=2))
+        for r in table:
+            print(f"{r['codec']:8} ratio {r['ratio']:6.2f}  compress {r['compress_mb_s']:7.0f} MB/s  "
+                  f"decompress {r['decompress_mb_s']:7.0f} MB/s  ({r['packs']} packs, {r['raw_bytes']} bytes)")
+        return 0
     if args.child:
         print(json.dumps(_child(args)))
         return 0
