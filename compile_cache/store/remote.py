@@ -12,9 +12,12 @@ checks), never with the store itself:
   signature, members, its content name) before it is put in place; then restore from local disk.
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
-* **publish**: write locally, then put each pack the URL lacks. Packs are named by their content,
-  so a put is a plain put; ``If-None-Match`` (where the backend has it) only saves a duplicate
-  upload, correctness never depends on it.
+* **publish**: write locally, then put each pack the URL lacks, zstd-compressed as
+  ``<hash>.pack.zst`` (:mod:`.compression`; ``COMPILE_CACHE_PACK_COMPRESSION=0``: ``<hash>.pack``
+  as it is). Packs are named by their content, so a put is a plain put; ``If-None-Match``
+  (where the backend has it) only saves a duplicate upload, correctness never depends on it.
+  A download expands a compressed pack (bounded by its frame header) before its checks; the
+  local tier holds packs uncompressed, and ``.pack`` objects of earlier versions still load.
 * **last use**: one empty, append-only object per use (``used/<time>-<host>-<pid>-<rand>``, at
   most one per key and process an hour): no read-modify-write.
 * **stats**: every process writes its own counters object; ``stats`` sums them.
