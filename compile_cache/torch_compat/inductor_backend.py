@@ -55,9 +55,11 @@ _original: Any = None
     CAPABILITY,
     needs="torch._TorchCompileInductorWrapper (looked up by torch.compile at each call; its "
     "config dict, get_compiler_config() and __call__), torch._inductor.config.patch and "
-    "get_config_copy",
-    breaks="every torch.compile imports torch._inductor.compile_fx (0.6-0.9 s), even on a start "
-    "that loads every region from the store and compiles nothing",
+    "get_config_copy, torch._inductor.codegen.common (KernelTemplate._template_from_string, "
+    "indent_except_first, jinja2_env)",
+    breaks="every torch.compile imports torch._inductor.compile_fx with its FX passes, and the "
+    "kernel modules compile their GEMM templates at import, even on a start that loads every "
+    "region from the store and compiles nothing",
 )
 def _probe() -> str | None:
     import torch
