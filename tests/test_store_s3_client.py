@@ -199,19 +199,25 @@ class _Always(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def failing(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Always]]:
-    handler = type("Handler", (_Always,), {"seen": []})
+def _fake_s3(base: type, monkeypatch: pytest.MonkeyPatch, **env: str) -> Iterator[type]:
+    """A fresh subclass of ``base`` (its own ``seen`` list) serving on 127.0.0.1, with the S3
+    client pointed at it and ``env`` set."""
+    handler = type("Handler", (base,), {"seen": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("COMPILE_CACHE_REMOTE_RETRIES", "2")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     yield handler
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def failing(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Always]]:
+    yield from _fake_s3(_Always, monkeypatch, COMPILE_CACHE_REMOTE_RETRIES="2")
 
 
 def test_a_5xx_is_retried_then_a_miss_with_one_warning(failing: type[_Always]) -> None:
@@ -302,17 +308,7 @@ class _Regional(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def regional(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Regional]]:
-    handler = type("Handler", (_Regional,), {"seen": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    yield handler
-    server.shutdown()
-    server.server_close()
+    yield from _fake_s3(_Regional, monkeypatch, AWS_REGION="us-east-1")
 
 
 def test_a_region_redirect_is_followed_once_and_kept(regional: type[_Regional]) -> None:
