@@ -204,7 +204,8 @@ def _dynamic_record(owners: Sequence[str]) -> tuple[str, bytes] | None:
     process learned, merged with what it restored), or None when there is none."""
     if not owners:
         return None
-    state = dynamic_shapes.snapshot(owners)
+    # a group's decode-step function (the layer view) too, precompiled or not
+    state = dynamic_shapes.snapshot([*owners, *(owner + VIEWS_SUFFIX for owner in owners)])
     if state is None:
         return None
     return dynamic_shapes.member(owners[0]), dynamic_shapes.encode_state(state)

@@ -89,14 +89,14 @@ def test_fresh_node_training_step_hits_builds_no_header_and_matches_eager(nodes:
 
 
 def test_fresh_node_restores_only_what_it_needs_and_nothing_else(nodes: dict) -> None:
-    """The pack holds FX/AOT (and precompile) entries, kernels, ISA libraries and (without
-    precompile) the groups' automatic-dynamic record: no sources, objects, headers."""
+    """The pack holds FX/AOT (and precompile) entries, kernels, ISA libraries and the groups'
+    automatic-dynamic record (precompiled or not): no sources, objects, headers."""
     names = [n for p in Store(nodes["store"]).entries()[0].packs for n in p.member_names]
     kinds = {("entry" if "/fxgraph/" in n or "/aotautograd/" in n or _is_precompile_entry(n)
               else "record" if n.startswith("inductor/compile_cache_dynamic/")
               else n.rsplit(".", 1)[-1]) for n in names}
-    # the record: where the groups compile through Dynamo's automatic dynamic (not precompiled)
-    assert kinds == {"entry", "so"} | (set() if nodes["precompile"] else {"record"}), kinds
+    # the record: of the groups' functions, or of their precompiled functions
+    assert kinds == {"entry", "so", "record"}, kinds
 
 
 def test_warm_local_publisher_fills_an_empty_store_that_a_fresh_node_hits(nodes: dict) -> None:

@@ -25,8 +25,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import available, capability, inductor_cache
+from .precompile import names
 
-__all__ = ["MEMBER_DIR", "encode_state", "install", "merge", "restored_file", "snapshot", "summary"]
+__all__ = ["MEMBER_DIR", "encode_state", "install", "is_region_code", "merge", "restored_file", "snapshot",
+           "summary"]
 
 log = logging.getLogger("compile_cache")
 
@@ -107,8 +109,15 @@ def _key(code_id: Any) -> str:
     return f"{code_id.file_hash}:{code_id.firstlineno}:{code_id.name}:{code_id.closure_hash}"
 
 
+def is_region_code(name: str, owners: Iterable[str]) -> bool:
+    """Whether the code named ``name`` is one of the groups ``owners`` or a resume function."""
+    return _wanted(name, set(owners))
+
+
 def _wanted(name: str, owners: Iterable[str]) -> bool:
-    return name in owners or name.startswith(RESUME_PREFIX)
+    """A group's code (its function, or its precompiled function: named after the group and
+    the key, the same on every node) or a resume function after a graph break."""
+    return names.owner_of(name) in owners or name.startswith(RESUME_PREFIX)
 
 
 def snapshot(owners: Iterable[str]) -> dict[str, Any] | None:

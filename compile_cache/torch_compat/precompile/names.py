@@ -21,12 +21,14 @@ from typing import Any
 
 from .pins import code_digest
 
-__all__ = ["ENTRY_FORMAT", "advance_unique_ids", "entry_name", "region_function"]
+__all__ = ["ENTRY_FORMAT", "INFIX", "advance_unique_ids", "entry_name", "owner_of", "region_function"]
 
 #: In every entry name: bumped when what an entry may rely on changes (the guard filter's rules),
 #: so that entries (and recorded declines) of an older compile_cache are not used. 2: the name
 #: covers the classes' lineage, and each graph carries the values it was traced under.
 ENTRY_FORMAT = 2
+#: Between a group's code name and the digest in the name of its precompiled function.
+INFIX = "__pc_"
 
 
 def entry_name(store_key: str, code_name: str, compile_kwargs: dict[str, Any],
@@ -38,7 +40,12 @@ def entry_name(store_key: str, code_name: str, compile_kwargs: dict[str, Any],
     (:func:`compile_cache.fingerprint.class_lineage`: a loaded entry matches classes by name)."""
     material = json.dumps([ENTRY_FORMAT, store_key, code_name, compile_kwargs,
                            code_digest(template.__code__), lineage], sort_keys=True)
-    return f"{code_name}__pc_{hashlib.sha256(material.encode()).hexdigest()[:20]}"
+    return f"{code_name}{INFIX}{hashlib.sha256(material.encode()).hexdigest()[:20]}"
+
+
+def owner_of(name: str) -> str:
+    """The group's code name of a function ``name`` (itself, or its precompiled function's)."""
+    return name.split(INFIX, 1)[0]
 
 
 _NAMESPACE = "compile_cache._precompiled"
