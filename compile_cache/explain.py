@@ -10,6 +10,15 @@ CPU instruction set, a torch config. The closest entry (fewest differences) give
 reason of ``last_report().miss_reason``, of the warning ``compile_regions`` shows, and of
 ``python -m compile_cache explain``.
 
+A start can also find its key and still compile: a *partial hit* (restored packs, then graphs
+the store lacked). :func:`partial_causes` names why, per code object, from plain records: the
+automatic-dynamic record the start restored against its own after compiling
+(:mod:`compile_cache.torch_compat.dynamic_shapes`: a new size of a dimension, a code object no
+publisher ran, such as a branch on a tensor value or another graph break) and Dynamo's failing
+guards (a new shape, another dtype, another value); and whether a later node will hit. The
+session records them in the store (:func:`compile_cache.store.misses.record_partial`), and
+``python -m compile_cache explain`` shows them.
+
 This module compares plain records: it imports neither torch nor the store's internals (the CLI
 explains recorded misses without torch).
 """
@@ -23,11 +32,13 @@ from typing import Any
 __all__ = [
     "CacheMissWarning",
     "Candidate",
+    "PartialCause",
     "Difference",
     "Explanation",
     "compare",
     "explain",
     "field_value",
+    "partial_causes",
     "short_value",
 ]
 
@@ -270,3 +281,134 @@ def _reason(key: str, status: str, candidates: list[Candidate], same_class: int,
         return (f"key {short} is not in the store, and no entry of this {name} model is "
                 f"({others} entr{'y' if others == 1 else 'ies'} of other models)")
     return f"key {short} is not in the store, which is empty"
+
+
+# ----------------------------------------------------------------------------- partial hits
+
+#: kind -> how it reads
+_PARTIAL_KINDS = {"shape": "a new shape", "path": "a path not taken before", "dtype": "another dtype",
+                  "value": "another value", "guard": "a failing guard", "other": "graphs the store lacked"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialCause:
+    """Why a start that restored its key still compiled: what was new, and whether a later node hits."""
+
+    kind: str  # one of _PARTIAL_KINDS
+    code: str  # the code object that compiled (a region group's function, a resume function)
+    detail: str
+    later: str
+
+    def text(self) -> str:
+        """``a new shape in CODE: DETAIL; LATER``."""
+        return f"{_PARTIAL_KINDS.get(self.kind, self.kind)} in {self.code}: {self.detail}; {self.later}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "text": self.text()}
+
+
+def _guard_kind(reason: str) -> str:
+    low = reason.lower()
+    if "dtype" in low:
+        return "dtype"
+    if "size mismatch" in low or "stride mismatch" in low or "expected size" in low or ".size()" in low:
+        return "shape"
+    if "==" in reason or "check_obj_id" in low or "id_match" in low:
+        return "value"
+    return "guard"
+
+
+def _code_records(state: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    codes = (state or {}).get("codes")
+    return {k: v for k, v in codes.items() if isinstance(v, dict)} if isinstance(codes, dict) else {}
+
+
+def _new_sizes(before: Any, after: Any) -> list[tuple[int | None, Any, Any]]:
+    """(dim or None for a scalar, before, after) where ``after`` differs from ``before``."""
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [(d, b, a) for d, (b, a) in enumerate(zip(before, after, strict=True))
+                if b != a and b is not None and a is not None]
+    return []
+
+
+def _varying(state: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Per code name, its inputs with a varying ("dyn") dimension or int."""
+    out: dict[str, list[str]] = {}
+    for code in _code_records(state).values():
+        for input_name, entry in sorted((code.get("inputs") or {}).items()):
+            if not isinstance(entry, dict):
+                continue
+            size = entry.get("size")
+            if isinstance(size, list) and "dyn" in size:
+                dims = ", ".join(str(d) for d, v in enumerate(size) if v == "dyn")
+                out.setdefault(str(code.get("name", "?")), []).append(f"{input_name} (dim {dims})")
+            elif not isinstance(size, list) and entry.get("scalar") == "dyn":
+                out.setdefault(str(code.get("name", "?")), []).append(input_name)
+    return out
+
+
+def partial_causes(restored: dict[str, Any] | None, now: dict[str, Any] | None,
+                   guards: dict[str, list[str]], *, graphs: int, dynamic_false: bool,
+                   publishes: bool) -> list[PartialCause]:
+    """Why a start that restored its key compiled ``graphs`` graph(s) the store lacked.
+
+    ``restored``: the automatic-dynamic record the start restored (None: none); ``now``: its
+    record after compiling (both :func:`compile_cache.torch_compat.dynamic_shapes.snapshot`
+    form); ``guards``: the failing guards Dynamo gave per code name; ``dynamic_false``: the
+    model was compiled with ``dynamic=False``; ``publishes``: the start can publish what it
+    compiled (a read-only store cannot).
+    """
+    same = ("a later node with the same inputs hits (this start publishes what it compiled)"
+            if publishes else "a later node compiles it again (a read-only store: nothing published)")
+    out: list[PartialCause] = []
+    before_codes = _code_records(restored)
+    for key, code in sorted(_code_records(now).items()):
+        name = str(code.get("name", "?"))
+        if restored is not None and key not in before_codes:
+            out.append(PartialCause(
+                "path", name, "no start that published to the store ran this code (a branch on a "
+                "tensor value, another graph break, or a call with other arguments)",
+                same + " when it takes this path too"))
+            continue
+        before_inputs = before_codes.get(key, {}).get("inputs") or {}
+        for input_name, entry in sorted((code.get("inputs") or {}).items()):
+            had = before_inputs.get(input_name)
+            if not isinstance(had, dict) or not isinstance(entry, dict):
+                continue
+            changes = _new_sizes(had.get("size"), entry.get("size"))
+            if not changes and had.get("scalar") != entry.get("scalar") and not isinstance(entry.get("size"), list):
+                changes = [(None, had.get("scalar"), entry.get("scalar"))]
+            for dim, was, is_now in changes:
+                where = input_name if dim is None else f"{input_name} dim {dim}"
+                if is_now == "dyn" and not dynamic_false:
+                    later = ("now recorded as varying: a later node compiles it dynamic and hits at any "
+                             "size of it" if publishes else same)
+                    detail = f"{where}: {was} in the store, another size here"
+                else:
+                    later = (f"{same} at this size only (dynamic=False pins static graphs)"
+                             if dynamic_false else same)
+                    detail = f"{where}: {was} in the store, {is_now} here"
+                out.append(PartialCause("shape", name, detail, later))
+    shaped = {c.code for c in out if c.kind == "shape"}
+    for name, reasons in sorted(guards.items()):
+        for reason in dict.fromkeys(reasons):  # each distinct reason once, in order
+            kind = _guard_kind(reason)
+            if kind == "shape" and name in shaped:
+                continue  # the record already says which dimension
+            later = {"dtype": same + " with this dtype", "value": same + " with this value"}.get(kind, same)
+            out.append(PartialCause(kind, name, " ".join(reason.split())[:300], later))
+    varying = _varying(restored)
+    if not out and graphs and varying and not dynamic_false:
+        # The record said these vary, so this start compiled them dynamic from its first call;
+        # the starts that published had compiled their first size static, then went on.
+        later = ("a later node hits at any size of them (this start publishes the dynamic graphs)"
+                 if publishes else same)
+        for name, inputs in sorted(varying.items()):
+            out.append(PartialCause(
+                "shape", name, f"{', '.join(inputs)} compiled dynamic here: the store's record has "
+                "them varying, but no start had compiled that graph dynamic yet", later))
+    if not out and graphs:
+        out.append(PartialCause(
+            "other", "-", f"{graphs} graph(s) compiled with no new shape, path or failing guard seen "
+            "(another torch setting, or graphs compiled later, such as the backward)", same))
+    return out

@@ -54,6 +54,10 @@ class CacheReport:
     #: The automatic-dynamic decisions restored for the model's regions: per code name, the
     #: inputs (and dimensions) the store has seen vary, so this process compiles them dynamic.
     dynamic_inputs: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: A partial hit (restored, then compiled): why, one line per cause: a new shape, a path not
+    #: taken before, another dtype or value; and whether a later node hits
+    #: (:func:`compile_cache.explain.partial_causes`; ``python -m compile_cache explain``).
+    partial_causes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def hit(self) -> bool:

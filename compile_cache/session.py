@@ -31,7 +31,7 @@ from torch import nn
 
 from . import _warnings, artifacts, capture, config, local_dirs, publisher, recovery
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
-from .explain import CacheMissWarning, explain
+from .explain import CacheMissWarning, explain, partial_causes
 from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .session_publish import SessionPublisher
@@ -110,6 +110,10 @@ class CacheSession:
         kwargs = getattr(plan, "compile_kwargs", None) or {}
         #: Inductor compiles bump torch's cache counters: checked to notice renamed counters.
         self._inductor = kwargs.get("backend") in (None, "inductor")
+        self._dynamic_false = kwargs.get("dynamic") is False
+        #: The automatic-dynamic record restored (explains a partial hit), and this start's id.
+        self._restored_dynamic: dict[str, Any] | None = None
+        self._start_id = os.urandom(8).hex()
         #: The region groups' code names: whose usage this model's packs carry.
         self.owners: tuple[str, ...] = tuple(
             [g.code_name for g in getattr(plan, "groups", ())]
@@ -208,6 +212,7 @@ class CacheSession:
         state = dynamic_shapes.read_restored(self.owners[0])
         if state is None:
             return
+        self._restored_dynamic = state
         turned = dynamic_shapes.install(state)
         self.report.dynamic_inputs = dynamic_shapes.summary(state)
         logger.info("compile_cache: restored automatic-dynamic decisions of %s (%d dynamic "
@@ -253,6 +258,8 @@ class CacheSession:
             if self._inductor:
                 dynamo.check_counters(diff)
             self._count_outcome()
+            if diff.fxgraph_miss and self.report.restored_packs:
+                self._explain_partial()
             self.publishing.add_forward_seconds(seconds)
             if self.publishing.by_use:
                 self.publishing.prepare_precompile()
@@ -278,6 +285,26 @@ class CacheSession:
             publisher.get().submit(functools.partial(
                 self.store.record_outcome, self.key, outcome, previous=previous,
                 nbytes=self.report.restored_bytes))
+
+    def _explain_partial(self) -> None:
+        """The key was in the store, yet this start compiled graphs: why
+        (``report.partial_causes``), recorded for ``python -m compile_cache explain``."""
+        owners = [*self.owners, *(owner + capture.VIEWS_SUFFIX for owner in self.owners)]
+        guards = {}
+        for code, reasons in list(dynamo.guard_failures().items()):
+            name = getattr(code, "co_name", None)
+            if isinstance(name, str) and reasons and dynamic_shapes.is_region_code(name, owners):
+                guards[name] = [str(r) for r in reasons]
+        causes = partial_causes(self._restored_dynamic, dynamic_shapes.snapshot(owners), guards,
+                                graphs=self.report.fxgraph_misses, dynamic_false=self._dynamic_false,
+                                publishes=not self.store.fs.read_only)
+        self.report.partial_causes = [cause.text() for cause in causes]
+        data = {"record": {"model_class": self._entry_info.get("model_class")},
+                "restored_packs": self.report.restored_packs,
+                "graphs_compiled": self.report.fxgraph_misses, "graphs_hit": self.report.fxgraph_hits,
+                "causes": [cause.to_dict() for cause in causes]}
+        publisher.get().submit(functools.partial(
+            misses.record_partial, self.store, self.key, self._start_id, data))
 
     def _explain_miss(self) -> None:
         """Names why the key is not in the store (``report.miss_reason``), records the miss for

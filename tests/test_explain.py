@@ -16,7 +16,7 @@ from _cli_targets import mlp, mlp_wide
 
 import compile_cache
 from compile_cache.api import key_for
-from compile_cache.explain import CacheMissWarning, explain
+from compile_cache.explain import CacheMissWarning, explain, partial_causes
 from compile_cache.store import Store, misses
 
 pytestmark = pytest.mark.usefixtures("no_env_store", "fresh_state", "dynamo_reset")
@@ -140,3 +140,82 @@ def test_omp_num_threads_miss_is_named_with_both_counts(
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["status"] == "present" and result["key"] == data["key"]
+
+
+# ------------------------------------------------------------------------------ partial hits
+
+
+def _state(*codes: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    """An automatic-dynamic record (torch_compat.dynamic_shapes form): (key, name, inputs)."""
+    return {"version": 1, "codes": {key: {"name": name, "inputs": inputs} for key, name, inputs in codes}}
+
+
+def _tensor(*size: Any) -> dict[str, Any]:
+    return {"scalar": "dyn", "size": list(size), "stride": [None] * len(size)}
+
+
+def test_a_partial_hit_names_a_new_shape_a_new_path_a_dtype_and_a_value() -> None:
+    restored = _state(("f:1:region_A", "region_A", {"L['x']": _tensor(2, 16, 8)}))
+    now = _state(("f:1:region_A", "region_A", {"L['x']": _tensor(2, "dyn", 8)}),
+                 ("f:9:torch_dynamo_resume_in_forward_at_9", "torch_dynamo_resume_in_forward_at_9",
+                  {"L['y']": _tensor(2, 8)}))
+    guards = {"region_A__pc_" + "a" * 20: ["tensor 'L['x']' dtype mismatch. expected Float, actual Half",
+                                           "L['n'] == 3"]}
+    causes = partial_causes(restored, now, guards, graphs=3, dynamic_false=False, publishes=True)
+    by_kind = {c.kind: c for c in causes}
+    assert set(by_kind) == {"shape", "path", "dtype", "value"}, causes
+    assert by_kind["shape"].code == "region_A"
+    assert "L['x'] dim 1: 16 in the store, another size here" in by_kind["shape"].text()
+    assert "hits at any size" in by_kind["shape"].later
+    # a branch on a tensor value: a resume function no publisher ran
+    assert by_kind["path"].code.startswith("torch_dynamo_resume_in_forward")
+    assert "branch on a tensor value" in by_kind["path"].detail and "takes this path" in by_kind["path"].later
+    assert by_kind["dtype"].text().startswith("another dtype in region_A__pc_") and "this dtype" in by_kind["dtype"].later
+    assert by_kind["value"].detail == "L['n'] == 3" and "this value" in by_kind["value"].later
+    # pinned static graphs: a later node hits at that size only; a read-only store: no later hit
+    static = partial_causes(restored, _state(("f:1:region_A", "region_A", {"L['x']": _tensor(2, 10, 8)})),
+                            {}, graphs=1, dynamic_false=True, publishes=True)
+    assert [c.detail for c in static] == ["L['x'] dim 1: 16 in the store, 10 here"]
+    assert "at this size only (dynamic=False" in static[0].later
+    ro = partial_causes(restored, now, {}, graphs=2, dynamic_false=False, publishes=False)
+    assert all("compiles it again (a read-only store" in c.later for c in ro)
+
+
+def test_a_partial_hit_of_a_varying_dimension_no_start_compiled_dynamic_is_named() -> None:
+    """Node 2 of a chain: the store's record has the length varying (node 1 saw prefill and
+    decode), but node 1 compiled its prefill static, so node 2's dynamic prefill is new."""
+    varying = _state(("f:1:region_A", "region_A", {"L['x']": _tensor(1, "dyn", 8), "L['n']": {"scalar": 4}}))
+    (cause,) = partial_causes(varying, varying, {}, graphs=2, dynamic_false=False, publishes=True)
+    assert cause.kind == "shape" and cause.code == "region_A"
+    assert cause.detail.startswith("L['x'] (dim 1) compiled dynamic here")
+    assert "hits at any size" in cause.later
+    (other,) = partial_causes(None, None, {}, graphs=2, dynamic_false=False, publishes=True)
+    assert other.kind == "other" and "2 graph(s)" in other.detail
+    assert partial_causes(None, None, {}, graphs=0, dynamic_false=False, publishes=True) == []
+
+
+def test_explain_shows_the_partial_hits_a_store_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(tmp_path / "store")
+    key = _plant(store, mlp()[0])
+    misses.record_miss(store, key, {"model_class": "x.TinyMLP"}, "not there then")
+    (cause,) = partial_causes(_state(("k", "region_A", {"L['x']": _tensor(2, 16)})),
+                              _state(("k", "region_A", {"L['x']": _tensor(2, "dyn")})), {},
+                              graphs=3, dynamic_false=False, publishes=True)
+    misses.record_partial(store, key, "ab" * 8, {
+        "record": {"model_class": "x.TinyMLP"}, "restored_packs": 1, "graphs_compiled": 3,
+        "graphs_hit": 2, "causes": [cause.to_dict()]})
+    assert [m["key"] for m in misses.last_misses(store)] == [key]  # a partial hit is no miss
+    assert [p["key"] for p in misses.last_partials(store, key=key)] == [key]
+    assert misses.last_partials(store, key="0" * 32) == []
+    code, out, _err = call(capsys, "explain", "--cache-dir", str(store.root))
+    assert code == 0
+    assert "resolved: the key is in the store now; 1 later start(s) still compiled" in out
+    assert (f"partial hit of key {key} (TinyMLP)" in out
+            and "restored 1 pack(s), then compiled 3 graph(s) the store lacked (2 hit)" in out)
+    assert f"  - {cause.text()}" in out and "a new shape in region_A: L['x'] dim 1" in out
+    code, out, _err = call(capsys, "explain", "--cache-dir", str(store.root), "--json")
+    assert json.loads(out)["partials"][0]["causes"][0]["kind"] == "shape"
+    with pytest.raises(ValueError):
+        store.layout.partial_file(key, "../x")

@@ -6,6 +6,10 @@ torch import, well under a second. With a TARGET or ``--hf`` (and the job's flag
 ``warm``) it builds the model, computes the key ``compile_regions`` would use
 (:func:`compile_cache.api.key_for`) and explains that. The comparison is
 :func:`compile_cache.explain.explain`.
+
+Both also show the *partial hits* recorded (starts that found their key and still compiled):
+how many graphs the store lacked, why (a new shape, a path not taken before, another dtype or
+value: :func:`compile_cache.explain.partial_causes`) and whether a later node will hit.
 """
 
 from __future__ import annotations
@@ -37,6 +41,18 @@ def _print_explanation(explanation: Any) -> None:
         print(f"  ... and {len(explanation.candidates) - _SHOWN} more entries of this model (--json)")
 
 
+def _print_partials(partials: list[dict[str, Any]], now: float) -> None:
+    for partial in partials:
+        model = str((partial.get("record") or {}).get("model_class") or "-").rsplit(".", 1)[-1]
+        print(f"partial hit of key {partial['key']} ({model}), {ago(float(partial.get('time') or 0), now)} "
+              f"on {partial.get('host', '?')} (pid {partial.get('pid', '?')}): restored "
+              f"{partial.get('restored_packs', '?')} pack(s), then compiled {partial.get('graphs_compiled', '?')} "
+              f"graph(s) the store lacked ({partial.get('graphs_hit', 0)} hit)")
+        for cause in partial.get("causes") or ():
+            if isinstance(cause, dict):
+                print(f"  - {cause.get('text', '?')}")
+
+
 def _explain_job(args: argparse.Namespace) -> int:
     from ..api import key_for
     from ..explain import explain
@@ -47,12 +63,15 @@ def _explain_job(args: argparse.Namespace) -> int:
     fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
     store = open_store(args)
     explanation = explain(fields.key, fields.record, misses.entry_records(store), str(store.root))
+    partials = misses.last_partials(store, key=fields.key)
     if args.json:
-        print_json({**explanation.to_dict(), "mode": job.mode(), "record": fields.record})
+        print_json({**explanation.to_dict(), "mode": job.mode(), "record": fields.record,
+                    "partials": partials})
     else:
         print(f"key {fields.key} ({job.mode_line()})")
         print(f"store: {store.root}")
         _print_explanation(explanation)
+        _print_partials(partials, time.time())
     return 0 if explanation.status == "present" else 1
 
 
@@ -65,6 +84,7 @@ def _explain_recorded(args: argparse.Namespace) -> int:
     store = open_store(args)
     recorded = misses.last_misses(store, args.limit)
     entries = list(misses.entry_records(store))
+    partials = misses.last_partials(store, args.limit or misses.MISS_KEEP)
     out = []
     for miss in recorded:
         record = miss.get("record") if isinstance(miss.get("record"), dict) else {}
@@ -73,9 +93,9 @@ def _explain_recorded(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"store": str(store.root), "misses": [
             {"key": m["key"], "time": m.get("time"), "host": m.get("host"), "pid": m.get("pid"),
-             "reason_then": m.get("reason"), **e.to_dict()} for m, e in out]})
+             "reason_then": m.get("reason"), **e.to_dict()} for m, e in out], "partials": partials})
         return 0
-    if not out:
+    if not out and not partials:
         print(f"No misses recorded in {store.root}")
         return 0
     now = time.time()
@@ -84,9 +104,13 @@ def _explain_recorded(args: argparse.Namespace) -> int:
         print(f"miss of key {miss['key']} ({model}), {ago(float(miss.get('time') or 0), now)} "
               f"on {miss.get('host', '?')} (pid {miss.get('pid', '?')})")
         if explanation.status == "present":
-            print("  resolved: the key is in the store now")
+            later = sum(p["key"] == miss["key"] for p in partials)
+            print("  resolved: the key is in the store now" + (
+                f"; {later} later start(s) still compiled graphs it lacked (partial hits below)"
+                if later else ""))
         else:
             _print_explanation(explanation)
+    _print_partials(partials, now)
     return 0
 
 

@@ -10,6 +10,7 @@
       v1/locks/<key>.lock | <key>.lockdir    see compile_cache.locks
       v1/tmp/                                entries being evicted (renamed here, then deleted)
       v1/misses/<key>.json                   the last misses, with what the missing start used (explain)
+      v1/misses/<key>.partial.<start>.json   the last partial hits: what a start that found its key compiled, why
 
 A store on object storage (``s3://bucket/prefix``...) has the same shape under its URL
 (:class:`RemoteLayout`), minus what only a filesystem needs (locks, tmp), plus append-only
@@ -96,6 +97,12 @@ class Layout:
     # -- elsewhere -------------------------------------------------------------------------------
     def miss_file(self, key: str) -> Path:
         return self.misses_dir / f"{key}.json"
+
+    def partial_file(self, key: str, start: str) -> Path:
+        """One start's partial hit of ``key`` (``start``: hex, the start's own id)."""
+        if not _KEY_RE.fullmatch(start):
+            raise ValueError(f"bad start id {start!r}")
+        return self.misses_dir / f"{key}.partial.{start}.json"
 
     def stats_shard(self, n: int) -> Path:
         return self.stats_dir / f"shard-{n}.json"

@@ -4,8 +4,10 @@ An entry's ``entry.json`` holds the readable record of its key (:func:`compile_c
 model, compile settings, environment fields, plan, precompile). A start whose key is not in the
 store writes a small miss record (``v1/misses/<key>.json``: the same record, when, where, and the
 reason it was given), so that ``python -m compile_cache explain`` without a TARGET can explain the
-last misses later, without importing torch. Only the newest :data:`MISS_KEEP` are kept. Writing a
-miss record is best effort: it never fails a job.
+last misses later, without importing torch. A start that found its key and still compiled (a
+partial hit) writes one too (``v1/misses/<key>.partial.<start>.json``: what it compiled and why,
+:func:`compile_cache.explain.partial_causes`). Only the newest :data:`MISS_KEEP` are kept. Writing
+a record is best effort: it never fails a job.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ._io import json_bytes
 from .fs import StoreFS
 from .layout import Layout
 
-__all__ = ["MISS_KEEP", "entry_records", "last_misses", "record_miss"]
+__all__ = ["MISS_KEEP", "entry_records", "last_misses", "last_partials", "record_miss", "record_partial"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -50,14 +52,26 @@ def entry_records(store: StoreFiles) -> Iterator[tuple[str, dict[str, Any], int]
 
 def record_miss(store: StoreFiles, key: str, record: Mapping[str, Any], reason: str) -> None:
     """Remember that a start missed ``key`` (with what it used and why); keeps the newest few."""
-    if store.fs.read_only:
-        return
     data = {"key": key, "time": time.time(), "host": HOSTNAME, "pid": os.getpid(),
             "reason": reason, "record": dict(record)}
+    _write(store, key, store.layout.miss_file(key), data)
+
+
+def record_partial(store: StoreFiles, key: str, start: str, data: Mapping[str, Any]) -> None:
+    """Remember why the start ``start`` (hex id) that restored ``key`` still compiled (``data``:
+    its counts and causes); one file per start, rewritten as it compiles more; newest few kept."""
+    full = {**data, "kind": "partial", "key": key, "time": time.time(), "host": HOSTNAME,
+            "pid": os.getpid()}
+    _write(store, key, store.layout.partial_file(key, start), full)
+
+
+def _write(store: StoreFiles, key: str, path: Any, data: Mapping[str, Any]) -> None:
+    if store.fs.read_only:
+        return
     try:
-        blob = json_bytes(data)
+        blob = json_bytes(dict(data))
         store.fs.mkdirs(store.layout.misses_dir)
-        store.fs.write(store.layout.miss_file(key), blob, fsync=False)
+        store.fs.write(path, blob, fsync=False)
         names = sorted(store.fs.listdir(store.layout.misses_dir))
     except (OSError, TypeError, ValueError) as exc:
         logger.debug("could not record the miss of %s: %s", key, exc)
@@ -72,8 +86,7 @@ def record_miss(store: StoreFiles, key: str, record: Mapping[str, Any], reason: 
             store.fs.unlink(store.layout.misses_dir / name)
 
 
-def last_misses(store: StoreFiles, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
-    """The recorded misses, newest first (at most ``limit``); unreadable records are skipped."""
+def _records(store: StoreFiles) -> list[dict[str, Any]]:
     try:
         names = [n for n in store.fs.listdir(store.layout.misses_dir) if n.endswith(".json")]
     except OSError:
@@ -84,4 +97,15 @@ def last_misses(store: StoreFiles, limit: int = MISS_KEEP) -> list[dict[str, Any
         if isinstance(data, dict) and isinstance(data.get("key"), str):
             out.append(data)
     out.sort(key=lambda d: float(d.get("time") or 0.0), reverse=True)
-    return out[:limit]
+    return out
+
+
+def last_misses(store: StoreFiles, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
+    """The recorded misses, newest first (at most ``limit``); unreadable records are skipped."""
+    return [d for d in _records(store) if d.get("kind", "miss") == "miss"][:limit]
+
+
+def last_partials(store: StoreFiles, limit: int = MISS_KEEP, key: str | None = None) -> list[dict[str, Any]]:
+    """The recorded partial hits (of ``key``, or of any), newest first, at most ``limit``."""
+    return [d for d in _records(store)
+            if d.get("kind") == "partial" and (key is None or d["key"] == key)][:limit]
