@@ -129,12 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Without TARGET: the last misses the store recorded, each with the "
                        "fields that differ from the closest entry of the same model (threads, CPU "
                        "instruction set, torch build, torch.compile settings, precompile, dtype or "
-                       "device of the parameters, ...). With a TARGET or --hf (and the job's flags, "
-                       f"as for warm): that job's key, and why it would miss. {MODE_HELP} "
+                       "device of the parameters, ...), then the partial hits (starts that found "
+                       "their key and still compiled: a new shape, a path not taken before, another "
+                       "dtype or value, and whether a later node hits). With a TARGET or --hf (and "
+                       f"the job's flags, as for warm): that job's key, and why it would miss. {MODE_HELP} "
                        "Exit 1 when the key is not in the store.")
     add_job_arguments(p)
     p.add_argument("--limit", type=int, default=5, metavar="N",
-                   help="without TARGET: explain the N most recent misses (default 5)")
+                   help="without TARGET: explain the N most recent misses and partial hits (default 5)")
     p.set_defaults(func=_command("explain_cmd", "cmd_explain"))
 
     p = sub.add_parser("doctor", parents=both, help="diagnose the store and the environment",
