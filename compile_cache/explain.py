@@ -371,6 +371,8 @@ def partial_causes(restored: dict[str, Any] | None, now: dict[str, Any] | None,
                 same + " when it takes this path too"))
             continue
         before_inputs = before_codes.get(key, {}).get("inputs") or {}
+        # one cause per (code, size in the store, what it is now): its dimensions listed together
+        grouped: dict[tuple[Any, Any], list[str]] = {}
         for input_name, entry in sorted((code.get("inputs") or {}).items()):
             had = before_inputs.get(input_name)
             if not isinstance(had, dict) or not isinstance(entry, dict):
@@ -380,15 +382,18 @@ def partial_causes(restored: dict[str, Any] | None, now: dict[str, Any] | None,
                 changes = [(None, had.get("scalar"), entry.get("scalar"))]
             for dim, was, is_now in changes:
                 where = input_name if dim is None else f"{input_name} dim {dim}"
-                if is_now == "dyn" and not dynamic_false:
-                    later = ("now recorded as varying: a later node compiles it dynamic and hits at any "
-                             "size of it" if publishes else same)
-                    detail = f"{where}: {was} in the store, another size here"
-                else:
-                    later = (f"{same} at this size only (dynamic=False pins static graphs)"
-                             if dynamic_false else same)
-                    detail = f"{where}: {was} in the store, {is_now} here"
-                out.append(PartialCause("shape", name, detail, later))
+                grouped.setdefault((was, is_now), []).append(where)
+        for (was, is_now), wheres in grouped.items():
+            them = "it" if len(wheres) == 1 else "them"
+            if is_now == "dyn" and not dynamic_false:
+                later = (f"now recorded as varying: a later node compiles {them} dynamic and hits at "
+                         f"any size of {them}" if publishes else same)
+                detail = f"{', '.join(wheres)}: {was} in the store, another size here"
+            else:
+                later = (f"{same} at this size only (dynamic=False pins static graphs)"
+                         if dynamic_false else same)
+                detail = f"{', '.join(wheres)}: {was} in the store, {is_now} here"
+            out.append(PartialCause("shape", name, detail, later))
     shaped = {c.code for c in out if c.kind == "shape"}
     for name, reasons in sorted(guards.items()):
         for reason in dict.fromkeys(reasons):  # each distinct reason once, in order
