@@ -1,16 +1,19 @@
 """Child process for tests/test_dynamic_shapes.py: one fresh node's ``generate()`` at one prompt
 length, regionally compiled with real Inductor and a store, against eager.
 
-    python _dynamic_child.py STORE LENGTH [static] [ARCH...]
-    python _dynamic_child.py STORE warm 16,32,64     # compile_cache.warm() of the Llama's forward
-    python _dynamic_child.py STORE forward 24,40,16  # forwards of that Llama, then FX-graph counts
+    python _dynamic_child.py STORE LENGTH [static] [ARCH...] [warm=16,32,64 | forward=24,40,20]
 
-``static`` compiles with ``dynamic=False``. Prints ``RESULT {json}``: per model, whether the token
-ids equal eager's, the FX-graph hits and misses of its generate, the restored packs, the
-automatic-dynamic decisions the session restored and the errors.
+``static`` compiles with ``dynamic=False``. After the generates, ``warm=...`` runs
+compile_cache.warm() of the Llama's forward (no KV cache) at those lengths on this node, and
+``forward=...`` runs forwards of that Llama at those lengths against eager. Prints
+``RESULT {json}``: per model, whether the token ids equal eager's, the FX-graph hits and misses of
+its generate, the restored packs, the automatic-dynamic decisions the session restored, the
+errors and timings; under ``warm``/``forward`` the same for the forwards.
 """
 
+import os
 import sys
+import time
 
 import torch
 from torch._dynamo.utils import counters
@@ -18,9 +21,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import compile_cache
 
-STORE, MODE = sys.argv[1], sys.argv[2]
-LENGTH = int(MODE) if MODE.isdigit() else 0
-STATIC = "static" in sys.argv[3:]
+STORE, LENGTH = sys.argv[1], int(sys.argv[2])
+OPTIONS = sys.argv[3:]
+STATIC = "static" in OPTIONS
+THEN = {k: [int(n) for n in v.split(",")] for k, _, v in (o.partition("=") for o in OPTIONS if "=" in o)}
 CONFIGS = {
     "llama": dict(model_type="llama", num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
@@ -65,11 +69,15 @@ def run(arch: str) -> dict:
     call = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                 min_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
+        t = time.perf_counter()
         ref = model.generate(**call)
+        eager_s = time.perf_counter() - t
         hit, miss = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
         kw = {"dynamic": False} if STATIC else {}
         compile_cache.compile_regions(model, cache_dir=STORE, **kw)
+        t = time.perf_counter()
         out = model.generate(**call)
+        first_s = time.perf_counter() - t
     assert compile_cache.session.flush(120)
     report = compile_cache.last_report()
     return {
@@ -79,14 +87,15 @@ def run(arch: str) -> dict:
         "restored_packs": report.restored_packs,
         "published_packs": report.published_packs,
         "dynamic_inputs": report.dynamic_inputs,
+        "key": report.key, "partial_causes": report.partial_causes, "pid": os.getpid(),
         "precompile_groups": {k: v.get("status") for k, v in report.precompile_groups.items()},
         "errors": report.errors,
+        "eager_s": round(eager_s, 3), "first_generate_s": round(first_s, 3),
     }
 
 
-if MODE in ("warm", "forward"):
-    result = forwards([int(n) for n in sys.argv[3].split(",")], MODE == "warm")
-else:
-    ARCHS = [a for a in sys.argv[3:] if a != "static"] or ["llama", "gpt2"]
-    result = {arch: run(arch) for arch in ARCHS}
+ARCHS = [a for a in OPTIONS if a != "static" and "=" not in a] or ["llama", "gpt2"]
+result = {arch: run(arch) for arch in ARCHS}
+for mode, lengths in THEN.items():
+    result[mode] = forwards(lengths, mode == "warm")
 print("RESULT " + __import__("json").dumps(result))

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 
 from compile_cache import compile_regions, get_plan
+from compile_cache.store import Store, misses
 from compile_cache.torch_compat import dynamic_shapes
+from compile_cache.torch_compat.precompile import names
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 
@@ -75,6 +77,32 @@ def test_a_record_says_which_dimension_varied_and_round_trips_as_json(counting_b
     merged = dynamic_shapes.merge(one, _record_at(counting_backend, 9))
     assert dynamic_shapes.summary(merged) == dynamic_shapes.summary(two)
     assert dynamic_shapes.merge(one, one) == one
+
+
+def test_a_precompiled_groups_record_travels_too(counting_backend):
+    """With precompile a group compiles as its precompiled function, named after the group and
+    the key (the same name on every node): its record is the group's and is carried; another
+    model's function is not."""
+    model = _Stack()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    owners = _owners(model)
+
+    def template(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+    ours = names.region_function(template, f"{owners[0]}{names.INFIX}{'a' * 20}")
+    theirs = names.region_function(template, f"region_Other_0{names.INFIX}{'b' * 20}")
+    for fn in (ours, theirs):
+        compiled = torch.compile(fn, backend=counting_backend)
+        for n in (5, 7):
+            compiled(torch.randn(2, n))
+    state = dynamic_shapes.snapshot(owners)
+    assert dynamic_shapes.summary(state) == {ours.__name__: ["L['x'] (dim 1)"]}
+    torch._dynamo.reset()  # a fresh node: its first call of that function compiles dynamic
+    graphs, symbolic = len(counting_backend.graphs), counting_backend.symbolic
+    assert dynamic_shapes.install(state) == 1
+    torch.compile(ours, backend=counting_backend)(torch.randn(2, 9))
+    assert len(counting_backend.graphs) == graphs + 1 and counting_backend.symbolic == symbolic + 1
 
 
 def test_a_restored_record_makes_the_first_compile_dynamic(counting_backend):
@@ -141,13 +169,23 @@ def _node(root: Path, store: Path, length: int | str, *args: str) -> dict:
 
 @pytest.mark.inductor
 def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_path):
-    """generate() of a tiny Llama and GPT-2 at prompts of 16, 10, 12 and 24 tokens, each on a
-    fresh node sharing one store. Node 1 compiles static graphs and publishes what it saw; node 2
-    restores that, sees another length, so compiles the dynamic graphs and publishes them with the
-    merged record; nodes 3 and 4 compile those same graphs: FX-graph hits only. Costs four child
-    processes (two with Inductor compiles, ~8 graphs each)."""
+    """Four fresh nodes sharing one store, against eager.
+
+    generate() of a tiny Llama and GPT-2 at prompts of 16, 10, 12 and 24 tokens, one node each.
+    Node 1 compiles static graphs and publishes what it saw; node 2 restores that, sees another
+    length, so compiles the dynamic graphs and publishes them with the merged record; nodes 3
+    and 4 compile those same graphs: FX-graph hits only.
+
+    A forward at new lengths after a warm over a range, on the same nodes (one process fewer per
+    node than a chain of its own): node 3, after its generates, runs compile_cache.warm() of the
+    Llama's forward without a KV cache at 16, 32 and 64 tokens (graphs the store lacked: it
+    compiles them); node 4 runs forwards at 24, 40 and 20 tokens and compiles nothing.
+    Costs four child processes, three with Inductor compiles."""
     store = tmp_path / "store"
-    nodes = {length: _node(tmp_path / f"node-{length}", store, length) for length in (16, 10, 12, 24)}
+    then = {12: ("warm=16,32,64",), 24: ("forward=24,40,20",)}
+    nodes = {length: _node(tmp_path / f"node-{length}", store, length, *then.get(length, ()))
+             for length in (16, 10, 12, 24)}
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))  # what each node did, for a failure
     for length, result in nodes.items():
         for arch in ("llama", "gpt2"):
             got = result[arch]
@@ -160,19 +198,20 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
             # the regions' record said which dimensions vary: the prompt length
             dims = [d for inputs in got["dynamic_inputs"].values() for d in inputs]
             assert any("L['args'][0] (dim 1)" == d for d in dims), got["dynamic_inputs"]
-
-
-@pytest.mark.inductor
-def test_a_forward_at_new_lengths_after_a_warm_over_a_range_compiles_nothing(tmp_path):
-    """compile_cache.warm() of a tiny Llama's forward at 16, 32 and 64 tokens on one node; a fresh
-    node then runs forwards at 24, 40 and 16 tokens against eager and compiles nothing: the warm
-    saw the length vary, so what it left serves every length (here the groups' precompiled
-    entries, saved with the dynamic graphs). Costs two child processes, one with ~4 Inductor
-    compiles."""
-    store = tmp_path / "store"
-    warm = _node(tmp_path / "node-warm", store, "warm", "16,32,64")
-    assert warm["fx_misses"] > 0 and not warm["errors"], warm
-    later = _node(tmp_path / "node-job", store, "forward", "24,40,16")
+    # node 2's partial hit (restored, then compiled) is explained: which dimension, a later hit
+    recorded = misses.last_partials(Store(store))
+    for arch in ("llama", "gpt2"):
+        got = nodes[10][arch]
+        assert any("dim 1" in c and "hits at any size" in c for c in got["partial_causes"]), got
+        (mine,) = [p for p in recorded if p["key"] == got["key"] and p["pid"] == got["pid"]]
+        kinds = {c["kind"] for c in mine["causes"]}
+        assert "shape" in kinds and "path" not in kinds, mine  # node 1 took the same paths
+    warm, later = nodes[12]["warm"], nodes[24]["forward"]
+    assert warm["fx_misses"] > 0 and not warm["errors"], warm  # the store lacked these graphs
     assert later["equal"] == [True, True, True] and not later["errors"], later
     assert later["restored_packs"] > 0 and later["fx_misses"] == 0, later
     assert later["fx_hits"] + later["precompile_hits"] > 0, later
+    # the warm compiled the Llama's group through precompile: its precompiled function's record
+    # (named after the group and the key, the same on every node) travelled too
+    assert any(code.startswith("region_") and names.INFIX in code and "dim 1" in " ".join(inputs)
+               for code, inputs in later["dynamic_inputs"].items()), later["dynamic_inputs"]
