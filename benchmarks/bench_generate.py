@@ -42,6 +42,14 @@ heads and MLP.
     python benchmarks/bench_generate.py                                   # 4 x 2048, all variants
     python benchmarks/bench_generate.py --width 256 --rounds 3            # smaller, medians of 3
     python benchmarks/bench_generate.py --width 64 --new 8 --warm-runs 1 --variants eager,ours,ours_store  # smoke
+
+New prompt lengths on successive fresh nodes (issue 36), --prompts 16,10,12,24: for each length
+in turn, eager's first generate on a fresh node, then ``ours_store`` on another fresh node, all
+of them sharing one store (each node restores what the earlier ones published, then publishes).
+Goal: from the third node on, our first generate (from the compile call) <= 1.2 x eager's first
+generate + 2 s, with the same token ids; the FX-graph misses say what each node compiled.
+
+    python benchmarks/bench_generate.py --prompts 16,10,12,24 --layers 2 --width 256 --new 8 --dtype float32 --warm-runs 0
 """
 
 from __future__ import annotations
@@ -236,6 +244,48 @@ def _run_variant(variant: str, args: argparse.Namespace, work: str, store: str) 
     return result
 
 
+def prompt_chain(args: argparse.Namespace, lengths: list[int]) -> list[dict]:
+    """Eager, then ours with the shared store, on fresh nodes, one prompt length after another."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_generate_") as work:
+        store = os.path.join(work, "store")
+        for n, length in enumerate(lengths, 1):
+            args.prompt = length
+            print(f"node {n}: prompt {length}", file=sys.stderr, flush=True)
+            eager = _run_variant("eager", args, work, store)
+            ours = _run_variant("ours_store", args, work, store)
+            row = {"node": n, "prompt": length, "eager": eager, "ours": ours}
+            if "error" not in eager and "error" not in ours:
+                budget = 1.2 * eager["cold_generate_s"] + 2.0
+                row.update(budget_s=budget, vs_budget=ours["cold_generate_s"] / budget,
+                           same_tokens_as_eager=ours["tokens"] == eager["tokens"])
+            rows.append(row)
+    return rows
+
+
+def _print_chain(args: argparse.Namespace, rows: list[dict]) -> bool:
+    print(f"Llama {args.layers} layers x {args.width}, {args.dtype}, {args.new} new tokens; a fresh "
+          f"node per run, one store; first generate (ours: from the compile call)")
+    print(f"{'node':>4}{'prompt':>8}{'eager s':>9}{'ours s':>9}{'1.2e+2 s':>10}{'ratio':>7}"
+          f"{'fx hit/miss':>13}  same ids")
+    ok = True
+    for r in rows:
+        if "budget_s" not in r:
+            errors = r["eager"].get("error") or r["ours"].get("error")
+            print(f"{r['node']:>4}{r['prompt']:>8}  ERROR: {' | '.join(errors)}")
+            ok = False
+            continue
+        o = r["ours"]
+        print(f"{r['node']:>4}{r['prompt']:>8}{r['eager']['cold_generate_s']:>9.2f}"
+              f"{o['cold_generate_s']:>9.2f}{r['budget_s']:>10.2f}{r['vs_budget']:>7.2f}"
+              f"{o['fxgraph_hit']:>7.0f}/{o['fxgraph_miss']:<5.0f}  {r['same_tokens_as_eager']}")
+    later = [r["vs_budget"] for r in rows[2:] if "vs_budget" in r]
+    if later:
+        print(f"from node 3 on, ours / (1.2 x eager + 2 s): max {max(later):.2f} "
+              f"(goal <= 1: {'met' if max(later) <= 1 else 'NOT met'})")
+    return ok
+
+
 def _median(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -329,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=20,
                    help="decode A/B: pairs of full and ours generates alternating in one process "
                         "(0: skip; then the decode goal uses the per-process medians)")
+    p.add_argument("--prompts", default="", metavar="N,N,...",
+                   help="successive fresh nodes sharing one store, one prompt length each (issue 36)")
     p.add_argument("--child", choices=VARIANTS + ("paired",), help=argparse.SUPPRESS)
     p.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -337,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_paired_child(args) if args.child == "paired" else _child(args)))
         return 0
+    if args.prompts:
+        chain = prompt_chain(args, [int(n) for n in args.prompts.split(",") if n])
+        if args.json:
+            print(json.dumps({"benchmark": "generate_prompts", "config": vars(args), "results": chain},
+                             indent=2))
+            return 0 if all("budget_s" in r for r in chain) else 1
+        return 0 if _print_chain(args, chain) else 1
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
