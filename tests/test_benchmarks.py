@@ -377,3 +377,31 @@ def test_kernel_counters_tell_compiled_kernels_from_restored_ones(tmp_path, monk
     assert CachingAutotuner.benchmark_all_configs(object()) == {"cfg": 1.0}
     read = counters.read()
     assert (read["triton_compiled"], read["triton_restored"], read["autotune_benchmarks"]) == (1, 1, 1)
+
+
+def test_remote_section_shows_the_emulator_rows_paired_ratios_and_their_clients(tmp_path):
+    side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
+            "fxgraph_hit": 3, "bytes_moved": 100000, "remote_errors": 0}
+    gcs = {**side, "ttfo_s": 2.2, "ratio": 1.1, "paired_ratio": 1.08, "paired_ratios": [1.05, 1.08, 1.2],
+           "goal_met": False}
+    azure = {**side, "ttfo_s": 2.06, "ratio": 1.03, "paired_ratio": 1.01, "paired_ratios": [1.01],
+             "goal_met": True, "bytes_moved": 77777}
+    probe = {"client": "gcsfs", "import_s": 0.4, "make_s": 0.05, "first_request_s": 0.03, "s3fs_imported": False}
+    data = {"benchmark": "remote", "machine": MACHINE, "seq": 128, "repeats": 3, "goal": 1.05,
+            "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
+            "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side, "s3": {**side, "ttfo_s": 2.05},
+                      "gcs": gcs, "azure": azure, "ratio": 1.025, "goal_met": True}],
+            "client_imports": {"gcs": probe, "azure": {**probe, "client": "adlfs", "import_s": 0.7}}}
+    (tmp_path / "remote.json").write_text(json.dumps(data))
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmark results\n")
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
+                         "--no-charts"]) == 0
+    text = md.read_text()
+    assert "GCS (gcsfs, gcp-storage-emulator)" in text and "Azure Blob (adlfs, Azurite)" in text
+    assert "77,777" in text and "1.100 / 1.080" in text
+    assert "GCS emulator / directory TTFO, 4x256: **1.10x** (not met)" in text
+    assert "median of the paired ratios 1.08 (1.05, 1.08, 1.2)" in text
+    assert "Azurite / directory TTFO, 4x256: **1.03x** (met)" in text
+    assert "gcs client on a fresh node (gcsfs): import 0.400 s" in text
+    assert "azure client on a fresh node (adlfs): import 0.700 s" in text
