@@ -69,7 +69,7 @@ from . import _warnings, config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
-from .plan import check_module, plan_regions
+from .plan import RegionPlan, check_module, plan_regions
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
 from .torch_compat.precompile import usable as precompile_available
 
@@ -82,7 +82,8 @@ __all__ = ["WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
 warm_up = _distributed.warm_up
 
 
-def _check_cache_dir(cache_dir: object) -> None:
+def check_cache_dir(cache_dir: object) -> None:
+    """TypeError unless ``cache_dir`` is None, False, a str or a PathLike."""
     if cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike)):
         return
     raise TypeError(f"cache_dir must be None, False, a str or a PathLike, got {cache_dir!r}")
@@ -117,15 +118,34 @@ def compile_regions(
     precompile's guards, the key and cache misses, the ISA prefetch and distributed jobs in
     detail: the module doc of :mod:`compile_cache.api`.
     """
+    return compile_planned(model, plan_regions, "compile_regions", cache_dir=cache_dir,
+                           precompile=precompile, example_inputs=example_inputs,
+                           distributed=distributed, **torch_compile_kwargs)
+
+
+def compile_planned(
+    model: nn.Module,
+    planner: Callable[[nn.Module], RegionPlan],
+    what: str,
+    *,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
+    precompile: bool | None = None,
+    example_inputs: Any = None,
+    distributed: str | None = None,
+    **torch_compile_kwargs: Any,
+) -> nn.Module:
+    """``compile_regions``' pipeline with another plan: ``planner(model)`` says what is compiled
+    (``compile_cache.compile`` plans the whole model as one part). ``what``: the caller's name,
+    for errors."""
     # 1. validate (a bad COMPILE_CACHE_* value fails here, not when a rank first waits)
-    check_module(model, "compile_regions")
+    check_module(model, what)
     regions.validate_kwargs(torch_compile_kwargs)
-    _check_cache_dir(cache_dir)
+    check_cache_dir(cache_dir)
     config.check_all()
     kwargs = dict(torch_compile_kwargs)
     # 2. plan
     plan = dataclasses.replace(
-        plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
+        planner(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
     )
     session = None
     use_precompile = False

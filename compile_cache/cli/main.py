@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without TARGET: explain the N most recent misses (default 5)")
     p.set_defaults(func=_command("explain_cmd", "cmd_explain"))
 
+    p = sub.add_parser("run", parents=[store_opts], help="run a command with the store for its own compiles",
+                       description="Start CMD with the process-wide store enabled under NAME, without "
+                       "changing its code: every torch.compile in it restores from and publishes to "
+                       "the store (a sitecustomize on the child's PYTHONPATH). Exit code: CMD's.")
+    p.add_argument("--name", required=True, help="the entry's name (one per program or service)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+    p.set_defaults(func=_command("run", "cmd_run"))
+
     p = sub.add_parser("doctor", parents=both, help="diagnose the store and the environment",
                        description="Where the store is and why, filesystem and lock mode, "
                        "permissions, the environment key and its cross-node hazards, the "

@@ -1,0 +1,116 @@
+"""compile_cache.compile: a whole module in place, a function; publisher then a fresh node.
+
+Cost: two child processes (about 1-2 min each on 2 cores: one Inductor compile of a tiny GPT-2
+forward, forward+backward and a function on the publisher; restores on the fresh node), shared
+by every end-to-end test through a module-scoped fixture. The other tests use no compile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import run_child
+
+import compile_cache
+from compile_cache import whole
+from compile_cache.keys import key_fields
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("whole")
+    store = str(root / "store")
+    # precompile off: whole GPT-2's guards cannot be saved faithfully (closures), so the
+    # default declines it with a warning (see test_precompile for that path).
+    publish = run_child("_whole_child.py", root / "node1", store, "publish", "off")
+    load = run_child("_whole_child.py", root / "node2", store, "load", "off")
+    return {"publish": publish, "load": load}
+
+
+def test_gpt2_whole_and_function_hit_on_a_fresh_node(nodes: dict[str, Any]) -> None:
+    pub, load = nodes["publish"], nodes["load"]
+    for rec in (pub, load):
+        assert rec["in_place"] is True
+        assert rec["errors"] == []
+        assert rec["capture"] == ["by use", "by use"]
+        assert rec["forward_diff"] < 1e-5 and rec["loss_diff"] < 1e-5 and rec["grad_diff"] < 1e-5
+        assert rec["fn_diff"] < 1e-6
+    assert pub["model_fx_misses"] > 0 and pub["fn_fx_misses"] == 1  # it compiled
+    assert pub["published_packs"][0] >= 1 and pub["published_packs"][1] >= 1
+    assert load["model_key"] == pub["model_key"] and load["fn_key"] == pub["fn_key"]
+    assert load["model_restored_packs"] >= 1 and load["fn_restored_packs"] >= 1
+    assert load["model_fx_misses"] == 0 and load["model_fx_hits"] > 0
+    assert load["fn_fx_misses"] == 0 and load["fn_fx_hits"] == 1
+    assert load["published_packs"] == [0, 0]  # nothing new to publish
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+
+
+def test_whole_plan_is_the_root_and_differs_from_regions() -> None:
+    model = torch.nn.Sequential(*[_mlp() for _ in range(3)])
+    plan = whole.whole_plan(model)
+    assert plan.groups == () and [p.name for p in plan.compiled_rest] == [""]
+    assert compile_cache.plan_regions(model).groups  # regional compile would split it
+    # the whole model's key is not the regional one's (another plan, other graphs)
+    whole_key = key_fields(model, plan, {}, False).key
+    assert whole_key != compile_cache.key_for(model, precompile=False).key
+    assert whole_key == key_fields(model, whole.whole_plan(model), {}, False).key
+
+
+def test_module_in_place_eager_backend(tmp_path: Path) -> None:
+    model = _mlp()
+    ref = _mlp()
+    out = compile_cache.compile(model, backend="eager", cache_dir=tmp_path / "store")
+    assert out is model and type(model) is torch.nn.Sequential
+    x = torch.randn(2, 8)
+    assert torch.equal(model(x), ref(x))
+    report = compile_cache.last_report()
+    assert report is not None and report.key
+    assert compile_cache.get_plan(model).rest[0].reason == whole.WHOLE_REASON
+
+
+def test_function_key_follows_code_and_closure() -> None:
+    scale = torch.ones(4)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * scale
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return x * scale + 1
+
+    keys = {whole.function_key(fn, {}).key for fn in (f, g)}
+    assert len(keys) == 2
+    assert whole.function_key(f, {}).key == whole.function_key(f, {"backend": "inductor"}).key
+    assert whole.function_key(f, {}).key != whole.function_key(f, {"mode": "max-autotune"}).key
+
+    def make(t: torch.Tensor) -> Any:
+        def h(x: torch.Tensor) -> torch.Tensor:
+            return x * t
+        return h
+
+    # same code: the closed-over tensor's shape decides
+    assert whole.function_key(make(torch.ones(4)), {}).key == whole.function_key(make(torch.zeros(4)), {}).key
+    assert whole.function_key(make(torch.ones(4)), {}).key != whole.function_key(make(torch.ones(5)), {}).key
+
+
+def test_function_eager_backend_and_errors(tmp_path: Path) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+    fn = compile_cache.compile(f, backend="eager", cache_dir=tmp_path / "store")
+    x = torch.randn(3)
+    assert torch.equal(fn(x), f(x)) and fn.__name__ == "f" and fn.key
+    with pytest.warns(compile_cache.RegionPrecompileWarning):
+        compile_cache.compile(f, backend="eager", cache_dir=False, precompile=True)
+    with pytest.raises(TypeError):
+        compile_cache.compile(f, example_inputs=(x,))
+    with pytest.raises(TypeError):
+        compile_cache.compile(3)
+    with pytest.raises(TypeError):
+        compile_cache.compile(f, not_a_kwarg=1)
