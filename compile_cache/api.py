@@ -69,7 +69,7 @@ from . import _warnings, config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
-from .plan import RegionPlan, check_module, plan_regions
+from .plan import REASONS, RegionPlan, check_module, plan_regions, whole_plan
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
 from .torch_compat.precompile import usable as precompile_available
 
@@ -276,6 +276,7 @@ def warm(
     grad: bool | None = None,
     precompile: bool | None = None,
     progress: bool = False,
+    whole_model: bool = False,
     **compile_kwargs: Any,
 ) -> list[WarmResult]:
     """Compile ``model`` for every example input in ``example_inputs_list``; publish to the store.
@@ -287,22 +288,15 @@ def warm(
     backward too, so the backward graphs are cached as well. ``grad`` (default: ``train``)
     overrides whether autograd records the forward: torch compiles different graphs with and
     without it, so mirror the job (an eval job that forgot ``no_grad`` needs ``grad=True``).
-    ``progress=True`` shows a tqdm bar on stderr. Returns one :class:`WarmResult` per input.
+    ``progress=True`` shows a tqdm bar on stderr; ``whole_model=True`` compiles it whole, as
+    ``compile_cache.compile(model)`` (the same key). Returns one :class:`WarmResult` per input.
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"warm needs a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
-        raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
-    inputs_list = list(example_inputs_list)
-    if not inputs_list:
-        raise ConfigError("warm needs at least one example input")
-    for inputs in inputs_list:
-        warmup.check_inputs(inputs)
-
+    inputs_list = _warm_inputs(model, example_inputs_list)
     model.train(train)
     before = last_report()
     start = time.perf_counter()
-    compile_regions(model, cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
+    compile_planned(model, _whole_model_plan if whole_model else plan_regions, "warm",
+                    cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
     setup_seconds = time.perf_counter() - start
     report: CacheReport | None = last_report()
     if report is before:
@@ -346,6 +340,25 @@ def warm(
         logger.info("compile_cache warm: %s %s in %.2f s", label, result.status, seconds)
         results.append(result)
     return results
+
+
+def _warm_inputs(model: Any, example_inputs_list: Any) -> list[Any]:
+    """``warm``'s arguments checked (ConfigError): a module and a non-empty list of inputs."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"warm needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
+        raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
+    inputs_list = list(example_inputs_list)
+    if not inputs_list:
+        raise ConfigError("warm needs at least one example input")
+    for inputs in inputs_list:
+        warmup.check_inputs(inputs)
+    return inputs_list
+
+
+def _whole_model_plan(model: nn.Module) -> RegionPlan:
+    """``compile_cache.compile(model)``'s plan (:func:`compile_cache.whole.whole_plan`)."""
+    return whole_plan(model, REASONS["whole_model"])
 
 
 class _Counts(NamedTuple):

@@ -55,6 +55,7 @@ REASONS: dict[str, str] = {
         "for no measurable gain"
     ),
     "disabled": "eager: compile_regions(..., disable=True)",
+    "whole_model": "compiled whole: compile_cache.compile(model)",
 }
 
 

@@ -8,7 +8,8 @@ the store anyway, under one *name*:
   the name and the environment key, :func:`process_key`) into torch's local cache dirs;
 - it names the process's main thread as the owner of every compile no region group claims, so
   capture by use records every FX-graph and AOTAutograd entry, kernel and autotune result
-  those compiles looked up (hit or written);
+  those compiles looked up (hit or written), scoped by the program (:func:`program_id`: two
+  programs under one name do not supersede each other's graphs; each start restores all);
 - it publishes them in the background after each compile, at :func:`flush` and at exit (the
   bounded drain of :mod:`compile_cache.publisher`).
 
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 from typing import Any
 
@@ -43,7 +45,8 @@ from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["ENV_DIR", "ENV_NAME", "NAME_PATTERN", "enable", "enable_from_env", "enabled", "flush", "process_key"]
+__all__ = ["ENV_DIR", "ENV_NAME", "NAME_PATTERN", "enable", "enable_from_env", "enabled", "flush", "process_key",
+           "program_id"]
 
 #: ``python -m compile_cache run`` passes the name to the child in this variable.
 ENV_NAME = "COMPILE_CACHE_RUN_NAME"
@@ -110,12 +113,22 @@ def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str
         config.check_all()
         local_dirs.secure_local_dirs()
         key, record = process_key(name)
+        program = hashlib.sha256(program_id().encode()).hexdigest()[:32]
         plan = RegionPlan(f"process {name}", (),
-                          (RestPart("", f"process {name}", True, "process-wide store", key),))
+                          (RestPart("", f"process {name}", True, "process-wide store", program),))
         owner = plan.rest[0].code_name
         session = open_session(_Process(), plan, key, cache_dir, False, record=record)
         if session is None:
             return None
+        # Every program's units, not only this one's: each program publishes under its own
+        # scope, so one program's newer graphs never supersede another's (restore is idempotent).
+        session.owners = ()
+        try:
+            session.restore(count=False)
+        except OSError as exc:
+            session.record_failure("restore", str(exc))
+        finally:
+            session.owners = (owner,)
         _session = session
         # Compiles that no region group claims belong to the process (this thread's stack base).
         stack = owner_stack()
@@ -126,6 +139,25 @@ def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str
         logger.info("compile_cache: process store %r enabled (key %s): %s", name, key[:12],
                     session.report.summary())
         return key
+
+
+def program_id() -> str:
+    """What names this program (its graphs' scope in the entry): the script's real path, the
+    module of ``-m`` or the code of ``-c``, from the interpreter's own command line."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))[1:]
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("-m", "-c") and index + 1 < len(argv):
+            return f"{arg} {argv[index + 1]}"
+        if arg in ("-X", "-W", "--check-hash-based-pycs"):
+            index += 2
+            continue
+        if arg.startswith("-"):
+            index += 1
+            continue
+        return os.path.realpath(arg)
+    return "<interactive>"
 
 
 def enabled() -> str | None:

@@ -45,7 +45,7 @@ logger = logging.getLogger("compile_cache")
 __all__ = ["CompiledFunction", "compile", "function_key", "whole_plan"]
 
 #: The reason a whole-model part gives in its plan (also part of its key: not the regional plan's).
-WHOLE_REASON = "compiled whole: compile_cache.compile(model)"
+WHOLE_REASON = plan.REASONS["whole_model"]
 FUNCTION_REASON = "compiled: compile_cache.compile(function)"
 
 

@@ -44,6 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out["plain1"] = _run(root / "n2", store, "gen", "plain")  # another program, same name
     out["gen2"] = _run(root / "n3", store, "gen", "generate")
     out["plain2"] = _run(root / "n4", store, "gen", "plain")
+    out["store"] = {"path": str(store), "root": str(root)}
     return out
 
 
@@ -72,7 +73,8 @@ def test_store_fault_the_child_still_completes(tmp_path: Path) -> None:
     bad.write_text("a file where the store should be")
     rec = _run(tmp_path / "n", bad, "gen", "plain")
     assert rec["diff"] < 1e-5 and rec["fx_misses"] == 1
-    assert "compile_cache" in rec["stderr"]  # the fault was said, not hidden
+    assert rec["store"] is False  # enabled, but without a usable store
+    assert "store unusable" in rec["stderr"]  # the fault was said, not hidden
 
 
 def test_sitecustomize_chains_the_existing_one(tmp_path: Path) -> None:
@@ -101,3 +103,19 @@ def test_run_exit_code_and_bad_name(tmp_path: Path) -> None:
                            "true"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--name" in done.stderr
     assert child_env("n", None, "/site", {"PYTHONPATH": "/a"})["PYTHONPATH"].split(":")[0] == "/site"
+
+
+def test_ls_and_explain_show_the_process_entry(runs: dict[str, Any]) -> None:
+    store, root = runs["store"]["path"], Path(runs["store"]["root"])
+    env = fresh_node_env(root / "n5")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "compile_cache", *args, "--cache-dir", store],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    listed = cli("ls")
+    assert listed.returncode == 0 and "process gen" in listed.stdout
+    present = cli("explain", "--name", "gen")
+    assert present.returncode == 0 and runs["gen1"]["key"][:12] in present.stdout
+    absent = cli("explain", "--name", "other")
+    assert absent.returncode == 1 and "not in the store" in absent.stdout

@@ -15,6 +15,7 @@ import torch
 from conftest import run_child
 
 import compile_cache
+import compile_cache.api
 from compile_cache import whole
 from compile_cache.keys import key_fields
 
@@ -59,7 +60,7 @@ def test_whole_plan_is_the_root_and_differs_from_regions() -> None:
     assert compile_cache.plan_regions(model).groups  # regional compile would split it
     # the whole model's key is not the regional one's (another plan, other graphs)
     whole_key = key_fields(model, plan, {}, False).key
-    assert whole_key != compile_cache.key_for(model, precompile=False).key
+    assert whole_key != compile_cache.api.key_for(model, precompile=False).key
     assert whole_key == key_fields(model, whole.whole_plan(model), {}, False).key
 
 
@@ -114,3 +115,17 @@ def test_function_eager_backend_and_errors(tmp_path: Path) -> None:
         compile_cache.compile(3)
     with pytest.raises(TypeError):
         compile_cache.compile(f, not_a_kwarg=1)
+
+
+def test_warm_whole_model_uses_compiles_key(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model = torch.nn.Sequential(*[_mlp() for _ in range(2)])
+    results = compile_cache.warm(model, [torch.randn(2, 8)], cache_dir=store, backend="eager",
+                                 whole_model=True)
+    assert compile_cache.get_plan(model).rest[0].reason == whole.WHOLE_REASON
+    other = torch.nn.Sequential(*[_mlp() for _ in range(2)])
+    compile_cache.compile(other, cache_dir=store, backend="eager")
+    assert results[0].key == compile_cache.last_report().key
+    regional = torch.nn.Sequential(*[_mlp() for _ in range(2)])
+    assert compile_cache.warm(regional, [torch.randn(2, 8)], cache_dir=store,
+                              backend="eager")[0].key != results[0].key

@@ -56,6 +56,28 @@ def _explain_job(args: argparse.Namespace) -> int:
     return 0 if explanation.status == "present" else 1
 
 
+def _explain_process(args: argparse.Namespace) -> int:
+    """``explain --name NAME``: the process store's key here and, when it is not in the store,
+    the fields of this machine's environment that differ from the name's entries. Which of
+    the process's graphs then missed is torch's to say (its keys cover code, inputs, config)."""
+    from ..explain import explain
+    from ..process_store import NAME_PATTERN, process_key
+    from ..store import misses
+
+    if not NAME_PATTERN.match(args.name):
+        raise UsageError(f"--name is 1-128 letters, digits, '.', '_' or '-', got {args.name!r}")
+    key, record = process_key(args.name)
+    store = open_store(args)
+    explanation = explain(key, record, misses.entry_records(store), str(store.root))
+    if args.json:
+        print_json({**explanation.to_dict(), "name": args.name, "record": record})
+    else:
+        print(f"key {key} (process store {args.name!r})")
+        print(f"store: {store.root}")
+        _print_explanation(explanation)
+    return 0 if explanation.status == "present" else 1
+
+
 def _explain_recorded(args: argparse.Namespace) -> int:
     from ..explain import explain
     from ..store import misses
@@ -92,6 +114,10 @@ def _explain_recorded(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Why a start missed: a TARGET's key now, or the misses the store recorded."""
+    if getattr(args, "name", None):
+        if args.target or args.hf:
+            raise UsageError("--name explains a process store: give no TARGET or --hf with it")
+        return _explain_process(args)
     if args.target or args.hf:
         return _explain_job(args)
     if args.set:

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "settings shows it in compile_cache.last_report().key. Exit 1 when the store "
                        "has no entry for the key afterwards.")
     add_job_arguments(p)
+    p.add_argument("--whole-model", action="store_true",
+                   help="compile the model whole, as compile_cache.compile(model) (the same key), "
+                        "instead of by regions")
     p.set_defaults(func=_command("warm", "cmd_warm"))
 
     p = sub.add_parser("ls", parents=both, help="list cache entries",
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_job_arguments(p)
     p.add_argument("--limit", type=int, default=5, metavar="N",
                    help="without TARGET: explain the N most recent misses (default 5)")
+    p.add_argument("--name", metavar="NAME",
+                   help="a process store's name (run --name, compile_cache.enable): its key on this "
+                        "machine, and the environment fields that differ from the name's entries")
     p.set_defaults(func=_command("explain_cmd", "cmd_explain"))
 
     p = sub.add_parser("run", parents=[store_opts], help="run a command with the store for its own compiles",
