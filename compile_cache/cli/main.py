@@ -1,8 +1,8 @@
 """The ``python -m compile_cache`` command line (also the ``compile-cache`` console script).
 
 Subcommands: ``warm`` (compile a model into the store ahead of a job), ``ls``, ``stats``,
-``verify``, ``prune``, ``clear``, ``export``, ``import``, ``explain`` (why a key misses) and
-``doctor``. Every one takes
+``verify``, ``prune``, ``clear``, ``export``, ``import``, ``explain`` (why a key misses),
+``doctor`` and ``run`` (start a command with the process-wide store, :mod:`.run`). Every one takes
 ``--cache-dir`` and ``--help``; those that report take ``--json``. Output follows ``ccache -s``
 and ``hf cache ls``: aligned columns, human sizes and ages.
 
