@@ -1,12 +1,11 @@
 """Programs tests/test_process_store.py starts under ``python -m compile_cache run``; none of
 them knows compile_cache (except to report what the store did).
 
-    python _run_scripts.py generate|plain|plain2|fault
+    python _run_scripts.py generate|plain
 
 ``generate``: transformers' ``generate(cache_implementation="static")`` on a tiny GPT-2, with
 transformers' own compile of the forward (``compile_config`` on every device, since this is a
-CPU); ``plain``: ``torch.compile(model)`` on a small MLP; ``plain2``: another program, with
-another model, under the same name. Each compares with eager and prints ``RESULT {json}``:
+CPU); ``plain``: ``torch.compile(model)`` on a small MLP. Each compares with eager and prints ``RESULT {json}``:
 the difference, FX-graph hits and misses, and what the process store did.
 """
 
@@ -56,7 +55,7 @@ def plain(width: int) -> float:
 def main() -> None:
     which = sys.argv[1]
     h0, m0 = fx()
-    diff = {"generate": generate, "plain": lambda: plain(32), "plain2": lambda: plain(48)}[which]()
+    diff = {"generate": generate, "plain": lambda: plain(32)}[which]()
     h1, m1 = fx()
     out = {"script": which, "diff": diff, "fx_hits": h1 - h0, "fx_misses": m1 - m0}
     store = sys.modules.get("compile_cache.process_store")

@@ -2,9 +2,9 @@
 
 Cost: six child programs under ``run`` (each a fresh node): transformers' static-cache
 ``generate`` with its own compile, published then restored; a plain ``torch.compile(model)``
-program under the same name (publisher, then a fresh node); a store fault. About 4-6 min on 2
-cores (Inductor compiles on the publishing nodes only). The sitecustomize chain test runs no
-compile.
+program under the same name (publisher, then a fresh node); a store fault. Measured 8 min for
+the file on the 2 shared cores of development (load average 13); Inductor compiles only on the
+publishing nodes and in the fault test. The chain, exit-code and explain tests compile nothing.
 """
 
 from __future__ import annotations

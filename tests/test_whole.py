@@ -1,8 +1,9 @@
 """compile_cache.compile: a whole module in place, a function; publisher then a fresh node.
 
-Cost: two child processes (about 1-2 min each on 2 cores: one Inductor compile of a tiny GPT-2
-forward, forward+backward and a function on the publisher; restores on the fresh node), shared
-by every end-to-end test through a module-scoped fixture. The other tests use no compile.
+Cost: two child processes (the publisher compiles a tiny GPT-2's forward, its training step and a
+function with Inductor; the fresh node restores), in a module-scoped fixture: measured 1.8 min
+(publish) and 1.5 min (load) on the 2 shared cores of development. The other tests use the
+``eager`` backend (15 s together).
 """
 
 from __future__ import annotations
