@@ -8,6 +8,7 @@ function with Inductor; the fresh node restores), in a module-scoped fixture: me
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,17 @@ from conftest import run_child
 import compile_cache
 import compile_cache.api
 from compile_cache import whole
+from compile_cache.errors import ConfigError
 from compile_cache.keys import key_fields
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def nodes(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("whole")
     store = str(root / "store")
     # precompile off: whole GPT-2's guards cannot be saved faithfully (closures), so the
     # default declines it with a warning (see test_precompile for that path).
-    publish = run_child("_whole_child.py", root / "node1", store, "publish", "off")
+    publish = run_child("_whole_child.py", build_machine, store, "publish", "off")
     load = run_child("_whole_child.py", root / "node2", store, "load", "off")
     return {"publish": publish, "load": load}
 
@@ -130,3 +132,37 @@ def test_warm_whole_model_uses_compiles_key(tmp_path: Path) -> None:
     regional = torch.nn.Sequential(*[_mlp() for _ in range(2)])
     assert compile_cache.warm(regional, [torch.randn(2, 8)], cache_dir=store,
                               backend="eager")[0].key != results[0].key
+
+
+def test_warm_function_uses_compiles_key(tmp_path: Path) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(x) * y).sum()
+
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3)
+    results = compile_cache.warm(f, [(x, y), (torch.randn(5, requires_grad=True), torch.randn(5))],
+                                 cache_dir=tmp_path / "store", backend="eager", train=True)
+    assert [r.key for r in results] == [whole.function_key(f, {"backend": "eager"}).key] * 2
+    assert x.grad is not None  # train: the output's loss was backpropagated
+    assert compile_cache.compile(f, cache_dir=tmp_path / "store", backend="eager").key == results[0].key
+    with pytest.raises(ConfigError):
+        compile_cache.warm(f, [], backend="eager")
+
+
+def test_cli_warm_and_explain_a_function_factory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 no_env_store: None) -> None:
+    import _cli_targets
+    from _cli_helpers import HERE, call
+
+    store = str(tmp_path / "store")
+    target = f"{HERE / '_cli_targets.py'}:loss_fn"
+    key = whole.function_key(_cli_targets._loss, {"backend": "eager"}).key
+    code, out, err = call(capsys, "warm", target, "--backend", "eager", "--cache-dir", store, "--json")
+    summary = json.loads(out)
+    # eager leaves nothing to store (exit 1, said), but the key is compile_cache.compile(fn)'s
+    assert code == 1 and summary["key"] == key and "eager" in err
+    assert [r["status"] for r in summary["results"]] == ["none"]
+    code, out, _ = call(capsys, "explain", target, "--backend", "eager", "--cache-dir", store)
+    assert code == 1 and f"key {key}" in out
+    code, _, err = call(capsys, "warm", f"{HERE / '_cli_targets.py'}:loss_fn_alone",
+                        "--cache-dir", store)
+    assert code == 2 and "without example inputs" in err

@@ -38,13 +38,20 @@ def _print_explanation(explanation: Any) -> None:
 
 
 def _explain_job(args: argparse.Namespace) -> int:
+    from torch import nn
+
     from ..api import key_for
     from ..explain import explain
     from ..store import misses
     from .job import build_job
 
     job = build_job(args)
-    fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
+    if isinstance(job.model, nn.Module):
+        fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
+    else:  # a factory's function: compile_cache.compile(fn)'s key
+        from ..whole import function_key
+
+        fields = function_key(job.model, job.compile_kwargs)
     store = open_store(args)
     explanation = explain(fields.key, fields.record, misses.entry_records(store), str(store.root))
     if args.json:
