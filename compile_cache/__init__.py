@@ -37,7 +37,7 @@ _LAZY: dict[str, str] = {
     "enable": "process_store",
     "CompiledFunction": "whole",
     "warm_up": "api",
-    "warm": "api",
+    "warm": "whole",
     "CacheReport": "session",
     "CacheMissWarning": "explain",
     "last_report": "session",

@@ -270,7 +270,7 @@ def _status(misses: int, hits: int, restored: int) -> str:
 
 
 def warm(
-    model: nn.Module | Callable[..., Any],
+    model: nn.Module,
     example_inputs_list: Sequence[Any],
     *,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -291,14 +291,9 @@ def warm(
     overrides whether autograd records the forward: torch compiles different graphs with and
     without it, so mirror the job (an eval job that forgot ``no_grad`` needs ``grad=True``).
     ``progress=True`` shows a tqdm bar on stderr; ``whole_model=True`` compiles it whole, as
-    ``compile_cache.compile(model)`` (the same key). ``model`` may be a function: it is compiled
-    as ``compile_cache.compile(fn)`` (the same key) and called with each input (with ``train``,
-    its output's loss backpropagated). Returns one :class:`WarmResult` per input.
+    ``compile_cache.compile(model)`` (the same key). Returns one :class:`WarmResult` per input.
+    (``compile_cache.warm`` also takes a function: :func:`compile_cache.whole.warm`.)
     """
-    if callable(model) and not isinstance(model, (nn.Module, type)):
-        return _warm_function(model, _warm_inputs(model, example_inputs_list, function=True),
-                              cache_dir=cache_dir, train=train, grad=grad, precompile=precompile,
-                              progress=progress, compile_kwargs=compile_kwargs)
     inputs_list = _warm_inputs(model, example_inputs_list)
     model.train(train)
     before = last_report()
@@ -350,11 +345,15 @@ def warm(
     return results
 
 
-def _warm_inputs(model: Any, example_inputs_list: Any, function: bool = False) -> list[Any]:
-    """``warm``'s arguments checked (ConfigError): a module (or, ``function``, a function) and a
-    non-empty list of inputs."""
-    if not function and not isinstance(model, nn.Module):
+def _warm_inputs(model: Any, example_inputs_list: Any) -> list[Any]:
+    """``warm``'s arguments checked (ConfigError): a module and a non-empty list of inputs."""
+    if not isinstance(model, nn.Module):
         raise ConfigError(f"warm needs a torch.nn.Module or a function, got {type(model).__name__}")
+    return warm_inputs(example_inputs_list)
+
+
+def warm_inputs(example_inputs_list: Any) -> list[Any]:
+    """``warm``'s list of example inputs checked (ConfigError): non-empty, each one valid."""
     if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
         raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
     inputs_list = list(example_inputs_list)
@@ -363,58 +362,6 @@ def _warm_inputs(model: Any, example_inputs_list: Any, function: bool = False) -
     for inputs in inputs_list:
         warmup.check_inputs(inputs)
     return inputs_list
-
-
-def _warm_function(fn: Callable[..., Any], inputs_list: list[Any], *, cache_dir: Any, train: bool,
-                   grad: bool | None, precompile: bool | None, progress: bool,
-                   compile_kwargs: dict[str, Any]) -> list[WarmResult]:
-    """``warm`` for a function: ``compile_cache.compile(fn)`` (its key), then one call per input
-    (with ``train`` and a tensor output that requires grad, its backward too), RNG state
-    preserved, each call's compiles published before the next."""
-    from .whole import compile as compile_function
-
-    grad = train if grad is None else bool(grad)
-    before = last_report()
-    start = time.perf_counter()
-    compiled = compile_function(fn, cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
-    setup_seconds = time.perf_counter() - start
-    session = compiled.session
-    report = session.report if session is not None and last_report() is not before else None
-    results: list[WarmResult] = []
-    seen = _snapshot(report)
-    seen_errors = 0
-    restored = (report.restored_packs, report.restored_bytes) if report else (0, 0)
-    for index, (inputs, note) in enumerate(_progress(inputs_list, progress)):
-        label = warmup.describe_inputs(inputs)
-        note(label)
-        t0 = time.perf_counter()
-        devices = ([torch.cuda.current_device()]
-                   if torch.cuda.is_available() and torch.cuda.is_initialized() else [])
-        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
-            output = warmup.call(compiled, inputs)
-            loss = warmup.loss_of(output) if train and grad else None
-            if loss is not None:
-                loss.backward()
-        if train and grad and loss is None:
-            raise ConfigError("--train: the function's output has no tensor that requires grad")
-        if session is not None:
-            session.after_forward(0.0)  # the backward compiled after the call ended
-            session.flush()
-        seconds = time.perf_counter() - t0 + (setup_seconds if index == 0 else 0.0)
-        now = _snapshot(report)
-        delta, seen = now.minus(seen), now
-        errors = list(report.errors[seen_errors:]) if report else []
-        seen_errors += len(errors)
-        results.append(WarmResult(
-            shape=label,
-            status=_status(delta.fxgraph_misses, delta.fxgraph_hits, restored[0] if index == 0 else 0),
-            seconds=seconds, fxgraph_hits=delta.fxgraph_hits, fxgraph_misses=delta.fxgraph_misses,
-            published_packs=delta.published_packs, published_bytes=delta.published_bytes,
-            restored_packs=restored[0] if index == 0 else 0,
-            restored_bytes=restored[1] if index == 0 else 0,
-            key=compiled.key, errors=errors))
-        logger.info("compile_cache warm: %s %s in %.2f s", label, results[-1].status, seconds)
-    return results
 
 
 def _whole_model_plan(model: nn.Module) -> RegionPlan:

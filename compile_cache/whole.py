@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from . import _warnings, api, config, local_dirs, plan, regions
+from .errors import ConfigError
 from .fingerprint import fingerprint
 from .keys import KEY_FORMAT, KeyFields, canonical_compile_kwargs, environment, environment_digest
 from .plan import RegionPlan, RestPart
@@ -42,7 +43,7 @@ from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["CompiledFunction", "compile", "function_key", "whole_plan"]
+__all__ = ["CompiledFunction", "compile", "function_key", "warm", "whole_plan"]
 
 #: The reason a whole-model part gives in its plan (also part of its key: not the regional plan's).
 WHOLE_REASON = plan.REASONS["whole_model"]
@@ -282,3 +283,86 @@ def function_key(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> KeyF
         "plan": {"digest": digest[:32], "groups": [], "compiled": ["<function>"], "eager": []},
     }
     return KeyFields(key=key, record=record)
+
+
+# --------------------------------------------------------------------------------------------
+# warm: a module (api.warm) or a function
+
+
+def warm(model: Any, example_inputs_list: Any, **kwargs: Any) -> list[api.WarmResult]:
+    """``compile_cache.warm``: :func:`compile_cache.api.warm` for a module; for a function,
+    ``compile_cache.compile(fn)`` (its key) and one call per example input (with ``train``, the
+    output's loss backpropagated), the RNG state preserved, each call's compiles published
+    before the next. Returns one :class:`~compile_cache.api.WarmResult` per input."""
+    if isinstance(model, nn.Module) or not callable(model) or isinstance(model, type):
+        return api.warm(model, example_inputs_list, **kwargs)
+    kwargs.pop("whole_model", None)  # a function is always compiled whole
+    return _warm_function(model, api.warm_inputs(example_inputs_list), **kwargs)
+
+
+def _warm_function(fn: Callable[..., Any], inputs_list: list[Any], *, cache_dir: Any = None,
+                   train: bool = False, grad: bool | None = None, precompile: bool | None = None,
+                   progress: bool = False, **compile_kwargs: Any) -> list[api.WarmResult]:
+    from . import warmup
+    from .session import last_report
+
+    grad = train if grad is None else bool(grad)
+    before = last_report()
+    start = time.perf_counter()
+    compiled = compile(fn, cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
+    setup_seconds = time.perf_counter() - start
+    session = compiled.session
+    report = session.report if session is not None and last_report() is not before else None
+
+    def counts() -> tuple[int, int, int, int]:
+        if report is None:
+            return 0, 0, 0, 0
+        return (report.fxgraph_hits, report.fxgraph_misses, report.published_packs,
+                report.published_bytes)
+
+    results: list[api.WarmResult] = []
+    seen = counts()
+    seen_errors = 0
+    restored = (report.restored_packs, report.restored_bytes) if report else (0, 0)
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(inputs_list), unit="shape", desc="warming")
+        except ImportError:
+            bar = None
+    for index, inputs in enumerate(inputs_list):
+        label = warmup.describe_inputs(inputs)
+        t0 = time.perf_counter()
+        devices = ([torch.cuda.current_device()]
+                   if torch.cuda.is_available() and torch.cuda.is_initialized() else [])
+        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
+            output = warmup.call(compiled, inputs)
+            loss = warmup.loss_of(output) if train and grad else None
+            if loss is not None:
+                loss.backward()
+        if train and grad and loss is None:
+            raise ConfigError("--train: the function's output has no tensor that requires grad")
+        if session is not None:
+            session.after_forward(0.0)  # the backward compiled after the call ended
+            session.flush()
+        seconds = time.perf_counter() - t0 + (setup_seconds if index == 0 else 0.0)
+        now = counts()
+        hits, misses, packs, nbytes = (a - b for a, b in zip(now, seen, strict=True))
+        seen = now
+        errors = list(report.errors[seen_errors:]) if report else []
+        seen_errors += len(errors)
+        first = index == 0
+        results.append(api.WarmResult(
+            shape=label,
+            status="compiled" if misses else "hit" if hits or (first and restored[0]) else "none",
+            seconds=seconds, fxgraph_hits=hits, fxgraph_misses=misses, published_packs=packs,
+            published_bytes=nbytes, restored_packs=restored[0] if first else 0,
+            restored_bytes=restored[1] if first else 0, key=compiled.key, errors=errors))
+        logger.info("compile_cache warm: %s %s in %.2f s", label, results[-1].status, seconds)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return results
