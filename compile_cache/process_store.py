@@ -34,6 +34,7 @@ import sys
 import threading
 from typing import Any
 
+import torch
 from torch import nn
 
 from . import _warnings, config, local_dirs
@@ -41,12 +42,14 @@ from .errors import ConfigError
 from .keys import KEY_FORMAT, environment, environment_digest
 from .plan import RegionPlan, RestPart
 from .session import CacheSession, open_session
+from .store import misses
+from .torch_compat import cache_use
 from .torch_compat.cache_use import owner_stack
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["ENV_DIR", "ENV_NAME", "NAME_PATTERN", "enable", "enable_from_env", "enabled", "flush", "process_key",
-           "program_id"]
+__all__ = ["ENV_DIR", "ENV_NAME", "NAME_PATTERN", "enable", "enable_from_env", "enabled",
+           "explain_graphs", "flush", "process_key", "program_id"]
 
 #: ``python -m compile_cache run`` passes the name to the child in this variable.
 ENV_NAME = "COMPILE_CACHE_RUN_NAME"
@@ -130,6 +133,18 @@ def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str
         finally:
             session.owners = (owner,)
         _session = session
+        # A restored graph's kernels are all there: build Inductor's precompiled header only
+        # when a kernel really compiles (any model's; a miss builds byte-identical commands).
+        from . import prefetch
+
+        # torch's key details of every FX graph looked up: published with the packs, compared
+        # with a missed graph's own (explain --name: which field differs)
+        cache_use.record_graph_fields(True)
+        session.publishing.graph_fields = True
+        prefetch.defer_header()
+        if not session.report.restored_packs and not torch.cuda.is_available():
+            # a cold start on a CPU machine: the ISA probe's builds in the background
+            prefetch.start_probe_builds()
         # Compiles that no region group claims belong to the process (this thread's stack base).
         stack = owner_stack()
         stack.insert(0, owner)
@@ -172,7 +187,72 @@ def flush(timeout: float | None = None) -> bool:
     if session is None:
         return True
     session.after_forward(0.0)  # counts the start's outcome and what compiled since
+    _record_graph_misses(session)
     return session.flush(timeout)
+
+
+def explain_graphs(lookups: dict[str, dict[str, Any]],
+                   metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Why each missed FX graph of ``lookups`` (:func:`cache_use.fx_lookups`) missed, from
+    torch's own key details: the published graph (packs' ``fx_graphs``) with the same graph code
+    (torch's ``gm`` field) and the fewest differing fields, and those fields with both values
+    (``here``, ``there``). No graph with the same code: the nearest of all, ``same_code`` False
+    (another program, model or code change)."""
+    published: dict[str, dict[str, str]] = {}
+    values: dict[str, str] = {}
+    for md in metadata:
+        if isinstance(md.get("fx_graphs"), dict):
+            published.update(md["fx_graphs"])
+        if isinstance(md.get("fx_values"), dict):
+            values.update(md["fx_values"])
+    out = []
+    for key, lookup in sorted(lookups.items()):
+        if lookup.get("hit"):
+            continue
+        here: dict[str, list[str]] = lookup.get("fields") or {}
+
+        def differing(fields: dict[str, str], here: dict[str, list[str]] = here) -> list[str]:
+            return sorted(n for n in set(here) | set(fields)
+                          if (here.get(n) or [None])[0] != fields.get(n))
+
+        code = (here.get("gm") or [None])[0]
+        same = {k: f for k, f in published.items() if k != key and f.get("gm") == code}
+        pool = same or {k: f for k, f in published.items() if k != key}
+        item: dict[str, Any] = {"key": key, "same_code": bool(same), "nearest": None,
+                                "differences": [], "different_fields": 0}
+        if pool:
+            nearest = min(pool, key=lambda k: (len(differing(pool[k])), k))
+            names = differing(pool[nearest])
+            item.update(nearest=nearest, different_fields=len(names), differences=[
+                {"field": n, "here": (here.get(n) or [None, None])[1],
+                 "there": values.get(pool[nearest].get(n, ""))} for n in names[:12]])
+        elif key in published:
+            item["reason"] = "published, but its files were not in the local dirs"
+        out.append(item)
+    return out
+
+
+def _record_graph_misses(session: CacheSession) -> None:
+    """Records this process's missed graphs and why (:func:`explain_graphs`) as the name's miss
+    record in the store, for ``explain --name``; best effort."""
+    lookups = cache_use.fx_lookups(session.owners)
+    if not any(not v["hit"] for v in lookups.values()):
+        return
+    try:
+        entry = session.store.entry(session.key)
+        if entry is None or not entry.packs:
+            return  # the name's key is not in the store: the start's own miss record says why
+        metadata = [p.metadata for p in entry.packs]
+        graphs = explain_graphs(lookups, metadata)
+        missed = len(graphs)
+        reason = (f"{missed} of {len(lookups)} FX graph(s) missed" + (
+            f"; the first differs from the nearest published graph in {graphs[0]['different_fields']} "
+            f"field(s): " + ", ".join(d["field"] for d in graphs[0]["differences"][:4])
+            if graphs and graphs[0]["nearest"] else ""))
+        misses.record_miss(session.store, session.key, {**session.entry_info, "graph_misses": graphs},
+                           reason)
+    except Exception as exc:  # never fail the program over a miss record
+        logger.debug("compile_cache: could not record the graph misses: %s", exc)
 
 
 def enable_from_env() -> None:
@@ -193,6 +273,7 @@ def _count_at_exit() -> None:
     if session is not None:
         try:
             session.after_forward(0.0)
+            _record_graph_misses(session)
         except Exception as exc:  # at exit: note it, never raise
             logger.warning("compile_cache: counting the process store's outcome failed: %s", exc)
 

@@ -1,11 +1,11 @@
 """Programs tests/test_process_store.py starts under ``python -m compile_cache run``; none of
 them knows compile_cache (except to report what the store did).
 
-    python _run_scripts.py generate|plain
+    python _run_scripts.py generate|plain|plain_b8
 
 ``generate``: transformers' ``generate(cache_implementation="static")`` on a tiny GPT-2, with
 transformers' own compile of the forward (``compile_config`` on every device, since this is a
-CPU); ``plain``: ``torch.compile(model)`` on a small MLP. Each compares with eager and prints ``RESULT {json}``:
+CPU); ``plain``: ``torch.compile(model)`` on a small MLP (``plain_b8``: its input batch 8, not 4). Each compares with eager and prints ``RESULT {json}``:
 the difference, FX-graph hits and misses, and what the process store did.
 """
 
@@ -41,13 +41,13 @@ def generate() -> float:
     return float((got != want).sum())
 
 
-def plain(width: int) -> float:
+def plain(width: int, batch: int = 4) -> float:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, width))
     ref = copy.deepcopy(model)
     compiled = torch.compile(model)
-    x = torch.randn(4, width, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return float((compiled(x) - ref(x)).abs().max())
 
@@ -55,7 +55,8 @@ def plain(width: int) -> float:
 def main() -> None:
     which = sys.argv[1]
     h0, m0 = fx()
-    diff = {"generate": generate, "plain": lambda: plain(32)}[which]()
+    diff = {"generate": generate, "plain": lambda: plain(32),
+            "plain_b8": lambda: plain(32, batch=8)}[which]()
     h1, m1 = fx()
     out = {"script": which, "diff": diff, "fx_hits": h1 - h0, "fx_misses": m1 - m0}
     store = sys.modules.get("compile_cache.process_store")

@@ -76,13 +76,36 @@ def _explain_process(args: argparse.Namespace) -> int:
     key, record = process_key(args.name)
     store = open_store(args)
     explanation = explain(key, record, misses.entry_records(store), str(store.root))
+    # the graphs the last start under this key missed, and why (torch's key fields)
+    recorded = [m for m in misses.last_misses(store) if m.get("key") == key]
+    last = recorded[0] if recorded else {}
+    graphs = (last.get("record") or {}).get("graph_misses") or []
     if args.json:
-        print_json({**explanation.to_dict(), "name": args.name, "record": record})
+        print_json({**explanation.to_dict(), "name": args.name, "record": record,
+                    "graph_misses": graphs, "graph_misses_host": last.get("host")})
     else:
         print(f"key {key} (process store {args.name!r})")
         print(f"store: {store.root}")
         _print_explanation(explanation)
+        if graphs:
+            print(f"\nthe last start on {last.get('host', '?')} missed {len(graphs)} FX graph(s):")
+            for graph in graphs:
+                print(f"  graph {graph['key'][:16]}: " + _graph_reason(graph))
+                for diff in graph.get("differences", ()):
+                    print(f"      {diff['field']}: {diff['here']!s:.100} here, "
+                          f"{diff['there']!s:.100} in the store")
     return 0 if explanation.status == "present" else 1
+
+
+def _graph_reason(graph: dict) -> str:
+    """One line on why a graph missed (process_store.explain_graphs' item)."""
+    if graph.get("reason"):
+        return str(graph["reason"])
+    if not graph.get("nearest"):
+        return "no published graph to compare with"
+    what = "the same code" if graph.get("same_code") else "other code (another program or model)"
+    return (f"nearest published graph {graph['nearest'][:16]} ({what}) differs in "
+            f"{graph.get('different_fields', 0)} field(s) of torch's key")
 
 
 def _explain_recorded(args: argparse.Namespace) -> int:
