@@ -347,7 +347,7 @@ def ratios(rows: list[dict]) -> list[dict]:
         for strategy, label in (("whole", "cc whole"), ("full", "cc run")):
             whole_node = ttfo(strategy, f"{label} node")
             if whole_node and full_warm and full_cold:
-                out.append({"model": model, "mode": mode, "against": "full", "what": label,
+                out.append({"model": model, "mode": mode, "against": f"full ({label} node)", "what": label,
                             "node_vs_warm": whole_node / full_warm,
                             "node_vs_cold": whole_node / full_cold})
     return out

@@ -1,10 +1,13 @@
 """Child process of tests/test_whole.py: ``compile_cache.compile`` on one node.
 
     python _whole_child.py STORE PHASE [on|off]     PHASE: publish | load; precompile on/off
+                                                     (default: COMPILE_CACHE_PRECOMPILE's)
 
 Compiles (Inductor) a tiny GPT-2 whole with ``compile_cache.compile(model)`` and runs a forward
 (eval, no_grad) and a training step (forward, backward, SGD step) beside an eager copy; then
-``compile_cache.compile(fn)`` on a function closing over a tensor. Prints ``RESULT {json}``:
+``compile_cache.compile(fn)`` on a function closing over a tensor; then a second function, warmed
+with ``compile_cache.warm`` on the publisher and compiled with ``compile_cache.compile`` on the
+fresh node. Prints ``RESULT {json}``:
 the largest differences from eager, the FX-graph hits and misses of each part, the reports.
 """
 
@@ -84,10 +87,32 @@ def main() -> None:
     out["fn_diff"] = float((fn(x, y) - loss_fn(x, y)).abs())
     h3, m3 = fx()
     out["fn_fx_hits"], out["fn_fx_misses"] = h3 - h2, m3 - m2
+    fn_report = compile_cache.last_report()
+
+    # a function warmed on the publisher (compile_cache.warm: compile_cache.compile(fn)'s key),
+    # compiled and called on the fresh node
+    def warmed_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (torch.cos(x) * scale + y).abs().amax(dim=0)
+
+    h4, m4 = fx()
+    if PHASE == "publish":
+        result = compile_cache.warm(warmed_fn, [(x, y)], cache_dir=STORE)[0]
+        out["warmed"] = {"key": result.key, "status": result.status,
+                         "published_packs": result.published_packs}
+        diff = 0.0
+    else:
+        wfn = compile_cache.compile(warmed_fn, cache_dir=STORE)
+        diff = float((wfn(x, y) - warmed_fn(x, y)).abs().max())
+        out["warmed"] = {"key": wfn.key, "restored_packs": compile_cache.last_report().restored_packs}
+    h5, m5 = fx()
+    out["warmed"].update(diff=diff, fx_hits=h5 - h4, fx_misses=m5 - m4)
     out["flushed"] = compile_cache.session.flush(120)
-    reports = [report, compile_cache.last_report()]
+    reports = [report, fn_report]
     out["published_packs"] = [r.published_packs for r in reports]
     out["errors"] = [e for r in reports for e in r.errors]
+    out["precompile"] = [report.precompile, report.precompile_declined,
+                         {g.get("status"): g.get("reason", "")[:200]
+                          for g in report.precompile_groups.values()}]
     out["capture"] = [r.capture for r in reports]
     print("RESULT " + json.dumps(out), flush=True)
 

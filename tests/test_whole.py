@@ -1,9 +1,8 @@
 """compile_cache.compile: a whole module in place, a function; publisher then a fresh node.
 
-Cost: two child processes (the publisher compiles a tiny GPT-2's forward, its training step and a
-function with Inductor; the fresh node restores), in a module-scoped fixture: measured 1.8 min
-(publish) and 1.5 min (load) on the 2 shared cores of development. The other tests use the
-``eager`` backend (15 s together).
+Cost: two child processes in a module-scoped fixture: the publisher (on the session's build
+machine) compiles a tiny GPT-2's forward and its training step whole, a function and a warmed
+function with Inductor; the fresh node restores. The other tests use the ``eager`` backend.
 """
 
 from __future__ import annotations
@@ -27,10 +26,11 @@ from compile_cache.keys import key_fields
 def nodes(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("whole")
     store = str(root / "store")
-    # precompile off: whole GPT-2's guards cannot be saved faithfully (closures), so the
-    # default declines it with a warning (see test_precompile for that path).
-    publish = run_child("_whole_child.py", build_machine, store, "publish", "off")
-    load = run_child("_whole_child.py", root / "node2", store, "load", "off")
+    # precompile as by default: whole GPT-2's guards cannot be saved faithfully (closures), so
+    # the publisher declines it in its first call (and compiles that call without it); the store
+    # remembers the decline and the fresh node declines at once.
+    publish = run_child("_whole_child.py", build_machine, store, "publish")
+    load = run_child("_whole_child.py", root / "fresh", store, "load")
     return {"publish": publish, "load": load}
 
 
@@ -49,6 +49,16 @@ def test_gpt2_whole_and_function_hit_on_a_fresh_node(nodes: dict[str, Any]) -> N
     assert load["model_fx_misses"] == 0 and load["model_fx_hits"] > 0
     assert load["fn_fx_misses"] == 0 and load["fn_fx_hits"] == 1
     assert load["published_packs"] == [0, 0]  # nothing new to publish
+    # precompile was asked for (the default) and declined: on the publisher in its first call,
+    # on the fresh node at once (the store's record), and no graph missed for it
+    for rec in (pub, load):
+        assert rec["precompile"][0] is True and list(rec["precompile"][2]) == ["declined"]
+        assert "CLOSURE_MATCH" in rec["precompile"][2]["declined"]
+    # a function warmed on the publisher hits on the fresh node under compile_cache.compile
+    assert pub["warmed"]["status"] == "compiled" and pub["warmed"]["published_packs"] >= 1
+    assert load["warmed"]["key"] == pub["warmed"]["key"] and load["warmed"]["restored_packs"] >= 1
+    assert load["warmed"]["fx_misses"] == 0 and load["warmed"]["fx_hits"] == 1
+    assert load["warmed"]["diff"] < 1e-6
 
 
 def _mlp() -> torch.nn.Module:
