@@ -34,7 +34,6 @@ import sys
 import threading
 from typing import Any
 
-import torch
 from torch import nn
 
 from . import _warnings, config, local_dirs
@@ -141,10 +140,7 @@ def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str
         # with a missed graph's own (explain --name: which field differs)
         cache_use.record_graph_fields(True)
         session.publishing.graph_fields = True
-        prefetch.defer_header()
-        if not session.report.restored_packs and not torch.cuda.is_available():
-            # a cold start on a CPU machine: the ISA probe's builds in the background
-            prefetch.start_probe_builds()
+        prefetch.defer_header()  # (no ISA prefetch: the process may never compile at all)
         # Compiles that no region group claims belong to the process (this thread's stack base).
         stack = owner_stack()
         stack.insert(0, owner)

@@ -3,9 +3,12 @@
 Cost: the two publishing programs under ``run`` (transformers' static-cache ``generate`` with its
 own compile, then a plain ``torch.compile(model)`` program under the same name) share the
 session's build machine (conftest.build_machine: no header or ISA build of their own); one fresh
-node then runs both programs, restored. The fault test compiles the plain program once more, on
-the build machine with an empty inductor dir. The chain, exit-code and explain tests compile
-nothing.
+node then runs both programs, restored; the plain program with another batch runs once more on
+the build machine with an inductor dir of its own (its graph misses: ``explain --name``). The
+fault test runs on the build machine (torch's local cache serves it); the chain, exit-code and
+explain tests compile nothing. Measured 2026-12-03 alone (so the generate publisher also built
+the build machine's header, which test_whole's publisher builds in a full run): 152 s of CPU,
+243 s wall at load average 3-9 on the 2 shared cores.
 """
 
 from __future__ import annotations
@@ -76,12 +79,14 @@ def test_two_programs_under_one_name_no_wrong_hit(runs: dict[str, dict[str, Any]
     assert runs["gen2"]["fx_misses"] == 0
 
 
-def test_store_fault_the_child_still_completes(tmp_path: Path, build_machine: Path) -> None:
+def test_store_fault_the_child_still_completes(runs: dict[str, Any], build_machine: Path,
+                                               tmp_path: Path) -> None:
     bad = tmp_path / "not_a_dir"
     bad.write_text("a file where the store should be")
-    # the build machine (its header is built) with an inductor dir of its own: plain compiles
-    rec = _run(build_machine, bad, "gen", "plain", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    assert rec["diff"] < 1e-5 and rec["fx_misses"] == 1
+    # on the build machine, where plain ran before (runs): torch's own local cache serves it,
+    # exactly as without compile_cache (no compile to pay for a fault)
+    rec = _run(build_machine, bad, "gen", "plain")
+    assert rec["diff"] < 1e-5 and rec["fx_misses"] == 0 and rec["fx_hits"] == 1
     assert rec["store"] is False  # enabled, but without a usable store
     assert "store unusable" in rec["stderr"]  # the fault was said, not hidden
 

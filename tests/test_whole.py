@@ -3,6 +3,8 @@
 Cost: two child processes in a module-scoped fixture: the publisher (on the session's build
 machine) compiles a tiny GPT-2's forward and its training step whole, a function and a warmed
 function with Inductor; the fresh node restores. The other tests use the ``eager`` backend.
+Measured 2026-12-03 at load average 12-17 on the 2 shared cores: 124 s of CPU for the file
+(publisher 96 s, fresh node 21 s; 12 min wall under that load).
 """
 
 from __future__ import annotations
