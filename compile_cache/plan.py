@@ -27,7 +27,7 @@ from .torch_compat import dynamo
 
 __all__ = [
     "REASONS", "RegionGroup", "RegionPlan", "RestPart", "check_module", "plan_regions",
-    "varying_attributes",
+    "varying_attributes", "whole_plan",
 ]
 
 
@@ -55,6 +55,7 @@ REASONS: dict[str, str] = {
         "for no measurable gain"
     ),
     "disabled": "eager: compile_regions(..., disable=True)",
+    "whole_model": "compiled whole: compile_cache.compile(model)",
 }
 
 
@@ -363,6 +364,15 @@ def plan_regions(model: nn.Module) -> RegionPlan:
 
     walk("")
     return RegionPlan(_class_name(model), groups, tuple(rest))
+
+
+def whole_plan(model: nn.Module, reason: str = REASONS["whole"]) -> RegionPlan:
+    """A plan that compiles ``model`` whole, as one part (``compile_cache.compile(model)``:
+    cross-block fusion, or CUDA graphs over the whole forward). Compiles nothing."""
+    check_module(model, "whole_plan")
+    digest = fingerprint_tree(model, attributes=False)[""].hex
+    part = RestPart("", _class_name(model), True, reason, digest, _call_signature(model))
+    return RegionPlan(_class_name(model), (), (part,))
 
 
 _PRIMITIVES = (int, float, bool, str, type(None))

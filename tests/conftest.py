@@ -175,6 +175,15 @@ def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One machine (a ``node`` for :func:`fresh_node_env`) shared by every publisher of the
+    session: its TMPDIR, HOME and inductor dirs persist, so only the first process pays the
+    precompiled header and ISA builds (8-15 s each on a fresh TMPDIR). A publisher need not be a
+    fresh node; the node that restores must be (its own :func:`fresh_node_env`)."""
+    return tmp_path_factory.mktemp("build_machine")
+
+
 def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]:
     """Runs tests/SCRIPT on ``node`` (:func:`fresh_node_env`); its last ``RESULT {json}`` line."""
     done = subprocess.run(

@@ -199,10 +199,24 @@ def _unpack_factory_result(result: Any, target: str) -> tuple[Any, list[Any] | N
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
         model, inputs = result
         return model, list(inputs) if isinstance(inputs, list) else [inputs]
+    if isinstance(result, tuple) and len(result) == 2 and _is_function(result[0]):
+        fn, inputs = result  # compile_cache.compile(fn)'s key; warmed by calling it
+        return fn, list(inputs) if isinstance(inputs, list) else [inputs]
+    if _is_function(result):
+        raise UsageError(f"TARGET {target!r} returned a function without example inputs: return "
+                         "(function, example_inputs) or (function, [example_inputs, ...])")
     raise UsageError(
         f"TARGET {target!r} returned {type(result).__name__}; expected a torch.nn.Module, "
-        "(model, example_inputs) or (model, [example_inputs, ...])"
+        "(model, example_inputs), (model, [example_inputs, ...]) or (function, example_inputs)"
     )
+
+
+def _is_function(value: Any) -> bool:
+    """A function (or other callable that is not a module or a class): what
+    ``compile_cache.compile(fn)`` compiles."""
+    from torch import nn
+
+    return callable(value) and not isinstance(value, (nn.Module, type))
 
 
 def _check_override_types(name: str, defaults: Any, overrides: dict[str, tuple[str, Any]]) -> None:
@@ -323,7 +337,11 @@ class Job:
 
 
 def _tensor_facts(model: Any) -> tuple[str, str]:
-    for tensor in model.parameters():
+    """The dtype and device of a model's first parameter (of a function's first example tensor)."""
+    from ..warmup import output_tensors
+
+    tensors = model.parameters() if hasattr(model, "parameters") else iter(output_tensors(model))
+    for tensor in tensors:
         return str(tensor.dtype).removeprefix("torch."), str(tensor.device)
     return "float32", "cpu"
 
@@ -356,11 +374,15 @@ def build_job(args: argparse.Namespace) -> Job:
                          "return a model alone (the factory gave its example inputs)")
     if args.use_cache is not None and use_cache is None:
         raise UsageError("--use-cache/--no-use-cache: the model's config has no use_cache")
+    function = _is_function(model)
     if dtype is not None or device is not None:
+        if function:
+            raise UsageError("--dtype/--device: a function's factory places its own tensors")
         model = model.to(device=device, dtype=dtype)
         inputs = [_move(x, device, dtype) for x in inputs]
-    model.train(args.train)
-    dtype_name, device_name = _tensor_facts(model)
+    if not function:
+        model.train(args.train)
+    dtype_name, device_name = _tensor_facts(model if not function else inputs)
 
     compile_kwargs: dict[str, Any] = {}
     if args.mode is not None:

@@ -230,7 +230,7 @@ class PrecompiledFunction:
         fn = self.fn
         kwargs = dict(self.compile_kwargs)
         options = _mode_options(kwargs)
-        options["guard_filter_fn"] = make_guard_filter(self.report)
+        options["guard_filter_fn"] = make_guard_filter(self.report, self._before_decline)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
             with dynamo_config.patch(caching_precompile=True):
@@ -387,6 +387,16 @@ class PrecompiledFunction:
              functorch_config.force_non_lazy_backward_lowering) = old
         self._decline_during_call()  # declined before any frame of this call ran: run it plain
         return self.compiled(*args, **kwargs)
+
+    def _before_decline(self, code: types.CodeType | None) -> None:
+        """A decline in the call's own first frame (the function's code, compiled as the call
+        enters it): nothing of the call has run yet, so the error leaves the call (errors not
+        suppressed for it) and :meth:`__call__` runs the call once, compiled without
+        precompile. Suppressed, that frame would run eagerly and only its inner frames compile:
+        graphs that a later start, which declines at once, never asks for, while the graphs it
+        does ask for (this call's, without precompile) were never compiled here."""
+        if code is self.code:
+            self._configs[0].suppress_errors = False
 
     def _decline_during_call(self, reason: str | None = None) -> None:
         with self._lock:

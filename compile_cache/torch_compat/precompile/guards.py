@@ -204,9 +204,28 @@ class GuardReport:
         return not self.declined
 
 
-def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[bool]]:
+def compiling_code() -> types.CodeType | None:
+    """The code object whose guards Dynamo is building now (called from a guard filter): the
+    ``f_code`` of the ``CheckFunctionManager`` being built on this thread's stack, or None."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"),
+                                                             CheckFunctionManager):
+            code = frame.f_locals.get("f_code")
+            return code if isinstance(code, types.CodeType) else None
+        frame = frame.f_back
+    return None
+
+
+def make_guard_filter(report: GuardReport,
+                      before_decline: Callable[[types.CodeType | None], None] | None = None,
+                      ) -> Callable[[Sequence[Any]], list[bool]]:
     """A ``guard_filter_fn`` for ``torch.compile(options=...)`` that records into ``report`` and
-    raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped."""
+    raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped.
+    ``before_decline(code)`` hears of a decline first, with the code of the frame that declines
+    (:func:`compiling_code`)."""
     unsupported = unsupported_guard_types()
     lock = threading.Lock()
 
@@ -236,6 +255,8 @@ def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[boo
                 out.append(True)
             report.values.frame(values)
         if report.declined:
+            if before_decline is not None:
+                before_decline(compiling_code())
             raise PrecompileDeclined("; ".join(report.declined))
         return out
 
