@@ -40,8 +40,7 @@ COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
                 "torch._inductor.graph", "torch._inductor.lowering",
                 "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
-                "torch._inductor.codegen.wrapper", "torch._inductor.scheduler",
-                "torch._inductor.kernel.mm")
+                "torch._inductor.codegen.wrapper", "torch._inductor.kernel.mm")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 
