@@ -1,9 +1,11 @@
 """Restored Inductor code that runs without importing Inductor's code generator.
 
 Every Python module Inductor writes for a compiled graph (its ``call``) starts with the same
-imports (torch 2.13, ``codegen/wrapper.py``). Two of them cost a start that restores its code
-and compiles nothing about 0.6 s idle (3 s on a loaded machine) and ~490 modules, which the
-interpreter then also tears down at exit:
+imports (torch 2.13, ``codegen/wrapper.py``). Two of them import, on a start that restores its
+code and compiles nothing, modules only a compile needs (imported after the rest of what a
+restore needs: ~490 modules, 3-3.5 s on a loaded 2-core machine; 97 of them are not imported
+otherwise, the rest come with ``torch._inductor.debug``, which a compiled graph's call reads;
+benchmarks/RESULTS.md):
 
 * ``from torch._inductor.codegen.memory_planning import _align as align``: memory_planning
   imports the code generator (``codegen.wrapper``, the scheduler, autotuning, AOTAutograd's
