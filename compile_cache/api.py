@@ -71,6 +71,7 @@ from .errors import ConfigError
 from .keys import KeyFields, key_fields
 from .plan import REASONS, RegionPlan, check_module, plan_regions, whole_plan
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+from .torch_compat import restored_code
 from .torch_compat.inductor_backend import config_without_compile_stack
 from .torch_compat.precompile import usable as precompile_available
 
@@ -166,6 +167,7 @@ def compile_planned(
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
         # Every rank defers Inductor's precompiled header: a restored start needs none.
         prefetch.defer_header_for(model, kwargs)
+        restored_code.install_for(kwargs)  # restored code loads without the code generator
         if example_inputs is None or not _distributed.coordinates(distributed):
             cold = session is None or session.report.restored_packs == 0
             prefetch.start_for(model, kwargs, cold=cold)

@@ -32,10 +32,15 @@ STORE, PHASE = sys.argv[1], sys.argv[2]
 LOAD = PHASE == "load"
 ENV_BEFORE = environment_digest()
 #: Modules only a real compile needs: a start that restores every group imports none of them
-#: (compile_cache.torch_compat.inductor_backend; tests/test_precompile.py).
+#: (compile_cache.torch_compat.inductor_backend: compile_fx and its passes;
+#: compile_cache.torch_compat.restored_code: the code generator, lowering and the kernel
+#: modules; tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
-                "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding")
+                "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
+                "torch._inductor.graph", "torch._inductor.lowering",
+                "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
+                "torch._inductor.codegen.wrapper", "torch._inductor.kernel.mm")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 
