@@ -254,11 +254,10 @@ def _record_graph_misses(session: CacheSession) -> None:
 def enable_from_env() -> None:
     """The ``sitecustomize`` entry of ``python -m compile_cache run``: :func:`enable` with the
     name in ``COMPILE_CACHE_RUN_NAME``; any failure warns and the program runs without it."""
-    name = os.environ.get(ENV_NAME)
-    if not name:
+    if not os.environ.get(ENV_NAME, "").strip():
         return
     try:
-        enable(name, cache_dir=os.environ.get(ENV_DIR) or None)
+        enable(config.RUN_NAME.value(), cache_dir=config.RUN_DIR.value())
     except Exception as exc:  # never stop the user's program over the store
         _warnings.warn(f"compile_cache run: store not enabled, compiling without it: "
                        f"{type(exc).__name__}: {exc}")

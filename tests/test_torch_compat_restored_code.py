@@ -138,6 +138,9 @@ def test_install_is_idempotent_and_uninstall_gives_torch_its_own_back() -> None:
         assert restored_code.install() and restored_code.install()
         assert codecache._reload_python_module is restored_code._reload_python_module
         assert function.__code__ is not torchs_code
+        # the probe run after installing (doctor, capabilities() in a process that compiled)
+        # still finds torch's loader: the one ours replaced
+        assert restored_code._probe() is None
         restored_code.uninstall()
         assert codecache._reload_python_module is torchs_loader
         assert function.__code__ is torchs_code

@@ -107,7 +107,10 @@ def _probe() -> str | None:
     from torch._inductor.runtime import compile_tasks
 
     reload = getattr(compile_tasks, "_reload_python_module", None)
-    if getattr(reload, "__module__", None) != _TASKS or codecache._reload_python_module is not reload:
+    current = codecache._reload_python_module
+    if current is _reload_python_module:  # installed here already: torch's is the one it replaced
+        current = _original
+    if getattr(reload, "__module__", None) != _TASKS or current is not reload:
         return "torch._inductor.codecache no longer loads modules by compile_tasks._reload_python_module"
     names = set(reload.__code__.co_names)
     if not {"open", "compile", "ModuleType", "exec", "modules"} <= names:
@@ -292,7 +295,28 @@ def install_for(compile_kwargs: dict[str, Any]) -> bool:
     """:func:`install` when ``compile_kwargs`` compile with Inductor (the default backend)."""
     if compile_kwargs.get("backend", "inductor") != "inductor":
         return False
+    if _may_use_cudagraphs(compile_kwargs):
+        # a restored graph's backward reads torch._inductor.cudagraph_trees as an attribute
+        # (output_code.maybe_handle_backward_generation), which the code generator's imports
+        # would have imported
+        import torch._inductor.cudagraph_trees  # noqa: F401
     return install()
+
+
+def _may_use_cudagraphs(compile_kwargs: dict[str, Any]) -> bool:
+    """Whether a compile with ``compile_kwargs`` can wrap its graphs in CUDA graphs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    options = compile_kwargs.get("options") or {}
+    if compile_kwargs.get("mode") in ("reduce-overhead", "max-autotune") or options.get(
+        "triton.cudagraphs"
+    ):
+        return True
+    from torch._inductor import config
+
+    return bool(config.triton.cudagraphs)
 
 
 def uninstall() -> None:
