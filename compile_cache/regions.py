@@ -182,22 +182,16 @@ class _GroupState:
         previous, self.last_compiled = self.last_compiled, runner
         if previous is None or previous is runner:
             return
-        if not reasons or all(_INPUT_CHANGE.search(r.splitlines()[0]) for r in reasons):
-            return
+        # One reason per cache entry Dynamo tried, newest first: the first is the entry the
+        # previous member's call just compiled, and its failing guard is what differs now.
+        guard = _guard_summary(reasons[0]) if reasons else ""
+        if not guard or _INPUT_CHANGE.search(guard):
+            return  # the inputs or the global state changed (grad mode, train/eval): torch's
         self.block_recompiles += 1
         if self.warned_recompile:
             return
         self.warned_recompile = True
-        text = "\n".join(reasons)
-        guards = _guard_summary(reasons[-1])
-        named_attrs = [a for a in self.varying if re.search(rf"\b{a.rsplit('.', 1)[-1]}\b", text)]
-        attrs = named_attrs or list(self.varying)
-        what = "read by forward" if named_attrs else "that differ per block"
-        named = f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
-        cause, fix = (kv_cache.recompile_advice(text, named) if self.takes_cache else None) or (
-            f"per-block values{named}; failing guard: {guards or 'unknown'}",
-            "Make forward not depend on per-block attributes to share one graph",
-        )
+        cause, fix = recompile_cause(guard, self.varying, "\n".join(reasons), self.takes_cache)
         msg = (
             f"compile_cache: identical blocks of {self.label} recompile per block: {cause}. "
             f"Each block gets its own compiled entry, up to the recompile limit "
@@ -231,6 +225,41 @@ class _GroupState:
 # Guard failures that come from the inputs (not from differences between blocks).
 _INPUT_CHANGE = re.compile(r"size mismatch|stride mismatch|dtype|device|requires_grad|dispatch key|"
                            r"GLOBAL_STATE|grad_mode|ndim|rank|storage_offset", re.IGNORECASE)
+
+
+#: A guard on the call's arguments (Dynamo strips ``L[...]``: ``len(args) == 1``,
+#: ``kwargs['position_bias'] is None``).
+_ARGUMENT_GUARD = re.compile(r"(?<![\w.'\]])(args|kwargs)\b")
+
+
+def recompile_cause(guard: str, varying: tuple[str, ...], reasons: str = "",
+                    takes_cache: bool = False) -> tuple[str, str]:
+    """(cause, fix) of a per-block recompile whose failing guard is ``guard`` (one line, as
+    Dynamo words it), for a group whose members differ in the ``varying`` attributes."""
+    if takes_cache:
+        named = _named_attributes(guard, varying)
+        advice = kv_cache.recompile_advice(reasons or guard, named)
+        if advice is not None:
+            return advice
+    if _ARGUMENT_GUARD.search(guard):
+        return (
+            f"the blocks are called with different arguments (failing guard: {guard}): a "
+            f"tensor in one call and None in another, another number of positional arguments "
+            f"or other keyword arguments",
+            "Call every block of the group with the same kinds of arguments to share one graph",
+        )
+    return (
+        f"per-block values{_named_attributes(guard, varying)}; failing guard: {guard}",
+        "Make forward not depend on per-block attributes to share one graph",
+    )
+
+
+def _named_attributes(guard: str, varying: tuple[str, ...]) -> str:
+    """The varying attributes the failing guard reads, else all of them, worded."""
+    named = [a for a in varying if re.search(rf"\b{a.rsplit('.', 1)[-1]}\b", guard)]
+    attrs = named or list(varying)
+    what = "read by forward" if named else "that differ per block"
+    return f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
 
 
 def _guard_summary(reason: str) -> str:

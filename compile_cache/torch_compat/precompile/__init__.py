@@ -51,6 +51,7 @@ import shutil
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -180,7 +181,8 @@ class PrecompiledFunction:
     """
 
     def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
-                 declined: str | None = None, record: dict[str, Any] | None = None) -> None:
+                 declined: str | None = None, record: dict[str, Any] | None = None,
+                 block: Any = None) -> None:
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         from torch._dynamo.package import CompilePackage
@@ -201,6 +203,8 @@ class PrecompiledFunction:
         self._lock = threading.Lock()
         self.pins = Pins(fn.__globals__)
         self._pins_seen = 0
+        #: The group's first block (weakly): what a pin on the block is checked on at load.
+        self._block = weakref.ref(block) if block is not None else None
         #: False for a decline that depends on this process (a global bound differently): the
         #: store should not remember it for the entry.
         self.decline_persists = True
@@ -230,7 +234,8 @@ class PrecompiledFunction:
         fn = self.fn
         kwargs = dict(self.compile_kwargs)
         options = _mode_options(kwargs)
-        options["guard_filter_fn"] = make_guard_filter(self.report)
+        options["guard_filter_fn"] = make_guard_filter(self.report, fn.__code__,
+                                                       self._end_call_on_decline)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
             with dynamo_config.patch(caching_precompile=True):
@@ -253,7 +258,7 @@ class PrecompiledFunction:
             self.load_error = "torch could not read the precompile entry (dynamo_cache_error)"
         if self.loaded:
             _advance_unique_ids(fn.__globals__)
-            self.pins.add_current((record or {}).get("pins") or ())
+            self.pins.add_current((record or {}).get("pins") or (), self._block_now())
             # What the entry on disk holds: a save that adds nothing is skipped (pickling the
             # same package again gives other bytes, which would republish at every start).
             self._saved_digest = self.content_digest()
@@ -291,7 +296,8 @@ class PrecompiledFunction:
                         "tracing it again", self.fn.__qualname__)
             shutil.rmtree(entry_dir, ignore_errors=True)
             return None
-        reason = verify(pins, self.fn.__globals__)
+        block = self._block_now()
+        reason = verify(pins, self.fn.__globals__, *(() if block is None else (block,)))
         if reason is not None:
             self.decline_persists = False
             return reason
@@ -309,6 +315,16 @@ class PrecompiledFunction:
                         "again: %s", len(checked.dropped), self.fn.__qualname__,
                         "; ".join(checked.dropped))
         return None
+
+    def _block_now(self) -> Any:
+        return self._block() if self._block is not None else None
+
+    def _end_call_on_decline(self) -> None:
+        """The guard filter declines the region's own frame: nothing of the call has run, so
+        the error ends the call (errors not suppressed) instead of Dynamo running the frame,
+        and tracing the frames it calls, eagerly; :meth:`__call__` then runs it without
+        precompile. Restored by :meth:`__call__`."""
+        self._configs[0].suppress_errors = False
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -334,7 +350,7 @@ class PrecompiledFunction:
         if self.declined is not None:
             return self.compiled(*args, **kwargs)
         if self.pins.watching:  # every call: a global rebound since the trace declines
-            moved = self.pins.changed()
+            moved = self.pins.changed(args[0] if args else None)
             if moved is not None:
                 self.decline_persists = False
                 self._decline_during_call(moved)
@@ -557,6 +573,38 @@ def _quiet_declines() -> None:
     logger_ = logging.getLogger("torch._dynamo.convert_frame")
     if _DROP_DECLINES not in logger_.filters:
         logger_.addFilter(_DROP_DECLINES)
+    _quiet_guard_pickling()
+
+
+#: What torch warns when a guard's value is read off a non-leaf tensor's ``.grad``.
+_GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def _quiet_guard_pickling() -> None:
+    """Torch pickles a traced frame's guard state for the package
+    (``torch._dynamo.guards.pickle_guards_state``), reading each guarded tensor's ``.grad``, a
+    non-leaf's included, which warns: a warning plain ``torch.compile`` (nothing saved) never
+    gives, once per training frame. Silenced around that pickling, only while
+    ``caching_precompile`` is on (our own compiles)."""
+    import warnings
+
+    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.guards as dynamo_guards
+
+    original = getattr(dynamo_guards, "pickle_guards_state", None)
+    if original is None or getattr(original, "_compile_cache_quiet", False):
+        return
+
+    @functools.wraps(original)
+    def pickle_guards_state(*args: Any, **kwargs: Any) -> Any:
+        if not dynamo_config.caching_precompile:
+            return original(*args, **kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_GRAD_WARNING, category=UserWarning)
+            return original(*args, **kwargs)
+
+    pickle_guards_state._compile_cache_quiet = True  # type: ignore[attr-defined]
+    dynamo_guards.pickle_guards_state = pickle_guards_state
 
 
 def _caused_by(exc: BaseException | None, kind: type) -> bool:
