@@ -253,8 +253,8 @@ def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
     try:
         config = AutoConfig.for_model(name, **values)
     except Exception as exc:  # built from the flags alone: any failure is the flags' doing
-        raise UsageError(f"--hf {name!r}{' ' + sets if sets else ''}: cannot build the config "
-                         f"({_first_line(exc)})") from None
+        raise UsageError(f"--hf {name!r}{' ' + sets if sets else ''}: cannot build the model "
+                         f"(its config: {_first_line(exc)})") from None
     tried = []
     classes = HF_CLASSES[bool(getattr(config, "is_encoder_decoder", False))]
     for cls_name in classes:

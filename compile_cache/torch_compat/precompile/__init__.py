@@ -225,6 +225,7 @@ class PrecompiledFunction:
         """``torch.compile`` with precompile: loads the entry on disk, if any and trusted."""
         import torch
         import torch._dynamo.config as dynamo_config
+        from torch._guards import TracingContext, tracing
 
         declined = self._check_entry_before_loading(record)
         if declined is not None:
@@ -238,7 +239,11 @@ class PrecompiledFunction:
                                                        self._end_call_on_decline)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
-            with dynamo_config.patch(caching_precompile=True):
+            # A loaded entry's guards are unpickled inside torch.compile; some sources install a
+            # guard as they are (ImportSource: __import__('torch'), Mamba's), which needs a
+            # tracing context that torch 2.13 sets up only for entries with a compile id: a
+            # throwaway one here, so such an entry loads instead of failing.
+            with dynamo_config.patch(caching_precompile=True), tracing(TracingContext(None)):
                 # torch.compile pops guard_filter_fn out of the dict it is given: pass a copy.
                 self.compiled = torch.compile(fn, options=dict(options), **kwargs)
             self.package = _package_of(self.compiled)
@@ -307,6 +312,8 @@ class PrecompiledFunction:
             logger.info("compile_cache: precompile entry %s could not be checked (%s: %s); tracing "
                         "it again", self.fn.__qualname__, type(exc).__name__, exc)
             shutil.rmtree(entry_dir, ignore_errors=True)
+            # in the report: the group says why it traced although the store had its entry
+            self.dropped_graphs = [f"the entry could not be checked ({type(exc).__name__}: {exc})"]
             return None
         self.report.values.adopt(checked.kept)
         self.dropped_graphs = list(checked.dropped)

@@ -140,6 +140,7 @@ def _serialisable(entry: Any, unsupported: frozenset[str]) -> bool:
 
 
 _ROOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*")
+_DYNAMO_GLOBAL = re.compile(r"^G\['_\d+_c\d+'\]")
 _FREE_NAME = re.compile(r"(?<![\w.'\"])[A-Za-z_]\w*")
 
 
@@ -258,6 +259,11 @@ def _pinnable(entry: Any, decision: GuardDecision) -> bool:
     if decision.reason == PINNED:
         return True
     value = entry.value
+    if _DYNAMO_GLOBAL.match(entry.name) and (_is_torch_object(value) or _is_stdlib_object(value)):
+        # G['_139751808275920_c65'].Tensor: a global Dynamo installs under a name of this process
+        # (the package installs it again when it loads); what it reaches is torch's or Python's,
+        # which the environment key pins, and no other process could evaluate the name first.
+        return False
     return (entry.is_global and entry.has_value
             and (callable(value) or isinstance(value, enum.Enum))
             and not inspect.ismodule(value)
