@@ -28,6 +28,15 @@ CHILD = Path(__file__).with_name("_architectures_child.py")
 ARCHS = ["bert", "vit", "whisper", "bart", "t5", "gemma", "mamba", "qwen2", "mixtral", "clip"]
 TRAIN = {"bert", "t5", "mixtral"}
 GENERATE = {"qwen2", "t5"}
+#: Groups that decline precompile, and why (tests/test_precompile_identity.py shows each is
+#: necessary): CLIP's encoder reads torch.Tensor through a global Dynamo installs under a name of
+#: the tracing process, which a saved entry does not install again (loaded, it failed with
+#: NameError: ___module_collections_<id>_c65).
+DECLINES = {"clip": ("CLIPEncoder", "a global Dynamo installed in this process only")}
+#: Groups whose entry a fresh node cannot check yet, traced again there (and saying so): T5's
+#: training graphs of T5LayerFF and T5LayerNorm, whose saved guards hold a tensor's .grad that
+#: does not unpickle (TypeError: assigned grad expected to be a Tensor or None). Left open.
+UNCHECKED = {"t5": ("T5LayerFF", "T5LayerNorm")}
 
 
 def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
@@ -75,13 +84,20 @@ def test_a_cold_node_precompiles_every_group_and_compiles_each_graph_once(
     _matches_eager(rec)
     _no_false_alarms(rec)
     groups = _groups(rec)
-    assert groups and {g["status"] for g in groups.values()} == {"new"}, groups
-    # "declined" counts only what happened: the calls that passed a KV cache (generate)
+    declined = [g for g in groups.values() if g["status"] == "declined"]
+    if arch in DECLINES:
+        cls, why = DECLINES[arch]
+        assert [g["label"] for g in declined if cls in g["label"] and why in g["reason"]] == [
+            g["label"] for g in declined] and declined, groups
+    assert groups and {g["status"] for g in groups.values() if g not in declined} == {"new"}, groups
+    # "declined" counts only what happened: the calls that passed a KV cache (generate), a
+    # group that could not precompile
     cache_groups = [g for g in groups.values() if "cache_calls" in g]
-    assert rec["precompile_declined"] == len(cache_groups), groups
+    assert rec["precompile_declined"] == len(cache_groups) + len(declined), groups
     assert bool(cache_groups) == (arch in GENERATE), groups
-    assert not [w for w in rec["warnings"] if "precompile is off for" in w and "KV-cache" not in w]
-    if arch not in GENERATE | TRAIN:
+    assert len([w for w in rec["warnings"] if "precompile is off for" in w and "KV-cache" not in w
+                ]) == len(declined), rec["warnings"]
+    if arch not in GENERATE | TRAIN | set(DECLINES):
         # no graph compiled twice (a decline while tracing recompiled the group: torch's local
         # cache then served its second compile)
         assert rec["fx_hits"] == 0 and rec["fx_misses"] == rec["frames"], rec
@@ -96,11 +112,17 @@ def test_a_fresh_node_loads_every_groups_entry_and_compiles_nothing(
     _no_false_alarms(rec)
     assert rec["restored_packs"] >= 1 and rec["fx_misses"] == 0, rec["summary"]
     groups = _groups(rec)
-    assert {g["status"] for g in groups.values()} == {"loaded"}, groups
-    assert all(not g["reason"] for g in groups.values()), groups
-    if arch not in GENERATE:
+    for g in groups.values():
+        if arch in DECLINES and DECLINES[arch][0] in g["label"]:  # declined at once, remembered
+            assert g["status"] == "declined" and "recorded in the store" in g["reason"], g
+        elif any(cls in g["label"] for cls in UNCHECKED.get(arch, ())):  # says why it traced
+            assert g["status"] == "new" and "could not be checked" in g["reason"], g
+        else:
+            assert g["status"] == "loaded" and not g["reason"], g
+    if arch not in GENERATE | set(DECLINES):
         assert rec["frames"] == 0 and rec["fx_hits"] == 0, rec  # nothing traced at all
-    assert "new" not in rec["summary"].split("precompile:")[-1], rec["summary"]
+    if arch not in UNCHECKED:
+        assert "new" not in rec["summary"].split("precompile:")[-1], rec["summary"]
 
 
 def test_encoder_and_decoder_self_attention_of_t5_do_not_share_a_group(

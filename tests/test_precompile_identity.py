@@ -66,6 +66,10 @@ del _wrapped
     # Mamba: an lru_cache helper's __wrapped__ (a global function not found by its qualname)
     (_Entry("CLOSURE_MATCH", "G['helper'].__wrapped__", _wrapped_alias, is_global=True, derived=()),
      False, DROP, PINNED),
+    # CLIP: a global Dynamo installed under a name of this process; a loaded graph that used it
+    # failed with NameError (___module_collections_<id>_c65) before this declined
+    (_Entry("ID_MATCH", "G['_139751808275920_c65'].Tensor", torch.Tensor, is_global=True), False,
+     DECLINE, "a global Dynamo installed in this process only"),
     # something with no portable description still declines
     (_Entry("ID_MATCH", "self.table", object()), True, DECLINE, "builtins.object"),
 ])

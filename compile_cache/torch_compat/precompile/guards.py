@@ -208,6 +208,12 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
     if not entry.has_value:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} (no value to judge)")
     value = entry.value
+    if entry.is_global and _DYNAMO_GLOBAL.match(entry.name):
+        # G['_139751808275920_c65'].Tensor (CLIP): a global Dynamo installed under a name of
+        # this process; a saved entry does not install it again, so a loaded graph would fail
+        # (NameError: ___module_collections_<id>_c65).
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}, a global Dynamo installed in "
+                             f"this process only (a loaded entry would not find it)")
     if entry.is_global:
         if inspect.ismodule(value):
             return GuardDecision(DROP, "global module identity (environment key)")
@@ -259,11 +265,6 @@ def _pinnable(entry: Any, decision: GuardDecision) -> bool:
     if decision.reason == PINNED:
         return True
     value = entry.value
-    if _DYNAMO_GLOBAL.match(entry.name) and (_is_torch_object(value) or _is_stdlib_object(value)):
-        # G['_139751808275920_c65'].Tensor: a global Dynamo installs under a name of this process
-        # (the package installs it again when it loads); what it reaches is torch's or Python's,
-        # which the environment key pins, and no other process could evaluate the name first.
-        return False
     return (entry.is_global and entry.has_value
             and (callable(value) or isinstance(value, enum.Enum))
             and not inspect.ismodule(value)

@@ -47,7 +47,8 @@ def describe(value: Any) -> str:
     if inspect.ismodule(value):
         return f"module {value.__name__}"
     module = getattr(value, "__module__", None) or type(value).__module__
-    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    name = (getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+            or type(value).__qualname__)
     code = getattr(value, "__code__", None)
     if isinstance(code, types.CodeType):
         return f"{module}.{name}:{code_digest(code)}"
@@ -116,9 +117,9 @@ def verify(described: dict[str, str], scope: dict[str, Any], block: Any = _NO_BL
         value = _evaluate(source, scope, block)
         found = "nothing" if value is _MISSING else describe(value)
         if found != expected:
-            where = "the block holds" if on_block(source) else "a global bound"
+            where = "the block holds another object" if on_block(source) else "a global bound differently"
             return (f"{source} is {found} here but was {expected} where the entry was "
-                    f"published ({where} another object)")
+                    f"published ({where})")
     return None
 
 
