@@ -177,3 +177,163 @@ def machine() -> str:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads{gpu}"
     )
+
+
+#: The private torch names KernelCounters wraps (gpu_check checks they exist).
+COUNTED_TORCH_NAMES = (
+    "torch._inductor.triton_bundler.TritonBundler.read_and_emit",
+    "torch._inductor.runtime.triton_heuristics.CachingAutotuner.benchmark_all_configs",
+    "torch._inductor.runtime.cache_dir_utils.triton_cache_dir",
+)
+
+_KERNEL_BINARIES = (".cubin", ".hsaco", ".zebin", ".spv")
+
+
+class KernelCounters:
+    """Triton kernels compiled from source and autotune benchmarks in this process.
+
+    Triton compiles in Inductor's worker processes too, so kernels are counted by their files:
+    a kernel directory (one holding a ``.cubin``/``.hsaco``/``.zebin``) that appears in Triton's
+    cache dir during the run and that torch's bundler did not write (``TritonBundler.
+    read_and_emit``, the kernels an FX-graph entry carries) was compiled from source. Benchmarks:
+    ``CachingAutotuner.benchmark_all_configs`` calls (a kernel's configs timed at its first run,
+    in this process) and Inductor's ``select_algorithm_autotune``/``coordesc_tuning_bench``
+    counters (max-autotune). Names torch lacks are listed in ``missing`` (counts then partial).
+    """
+
+    def __init__(self) -> None:
+        self.missing: list[str] = []
+        self.emitted: set[str] = set()
+        self.benchmarks = 0
+        self.directory = self._triton_dir()
+        self.before = self._kernel_dirs()
+        self._install()
+
+    def _triton_dir(self) -> str:
+        """torch's ``triton_cache_dir`` rule (TRITON_CACHE_DIR, else the Inductor dir's
+        ``triton/0``), without importing Inductor (``read`` checks it against torch's)."""
+        directory = os.environ.get("TRITON_CACHE_DIR")
+        if directory is not None:
+            return directory
+        inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "root"))
+        return os.path.join(os.path.abspath(inductor), "triton", "0")
+
+    def _kernel_dirs(self) -> set[str]:
+        found = set()
+        try:
+            for entry in os.scandir(self.directory):
+                if entry.is_dir() and not entry.name.startswith("tmp."):
+                    if any(n.endswith(_KERNEL_BINARIES) for n in os.listdir(entry.path)):
+                        found.add(entry.name)
+        except OSError:
+            pass
+        return found
+
+    def _install(self) -> None:
+        """Wraps the two torch functions when their modules are imported (at once if they are
+        already): importing them here would move Inductor's import cost out of the TTFO."""
+        targets = {"torch._inductor.triton_bundler": self._wrap_bundler,
+                   "torch._inductor.runtime.triton_heuristics": self._wrap_autotuner}
+        pending = {}
+        for name, wrap in targets.items():
+            if name in sys.modules:
+                wrap(sys.modules[name])
+            else:
+                pending[name] = wrap
+        if pending:
+            sys.meta_path.insert(0, _AfterImport(pending))
+
+    def _wrap_bundler(self, module: Any) -> None:
+        try:
+            bundler = module.TritonBundler
+            emit = bundler.read_and_emit
+
+            def read_and_emit(*args: Any, **kwargs: Any) -> Any:
+                before = self._kernel_dirs()
+                try:
+                    return emit(*args, **kwargs)
+                finally:
+                    self.emitted |= self._kernel_dirs() - before
+
+            bundler.read_and_emit = staticmethod(read_and_emit)
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[0])
+
+    def _wrap_autotuner(self, module: Any) -> None:
+        try:
+            tuner_class = module.CachingAutotuner
+            bench = tuner_class.benchmark_all_configs
+
+            def benchmark_all_configs(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+                self.benchmarks += 1
+                return bench(tuner, *args, **kwargs)
+
+            tuner_class.benchmark_all_configs = benchmark_all_configs
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[1])
+
+    def read(self) -> dict[str, Any]:
+        """``triton_compiled``, ``triton_restored``, ``autotune_benchmarks`` (and max-autotune's)."""
+        from torch._dynamo.utils import counters
+
+        try:
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+            if triton_cache_dir(0) != self.directory:
+                self.missing.append(f"{COUNTED_TORCH_NAMES[2]} (is {triton_cache_dir(0)})")
+        except Exception:
+            self.missing.append(COUNTED_TORCH_NAMES[2])
+        new = self._kernel_dirs() - self.before
+        return {
+            "triton_compiled": len(new - self.emitted),
+            "triton_restored": len(self.emitted),
+            "autotune_benchmarks": self.benchmarks,
+            "select_algorithm_autotune": counters["inductor"]["select_algorithm_autotune"],
+            "coordesc_tuning_bench": counters["inductor"]["coordesc_tuning_bench"],
+            **({"counting_missing": self.missing} if self.missing else {}),
+        }
+
+
+class _AfterImport:
+    """A meta-path finder that calls ``pending[name](module)`` right after ``name`` is imported."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        self.pending = pending
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        wrap = self.pending.get(name)
+        if wrap is None:
+            return None
+
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        spec.loader = _WrappingLoader(spec.loader, lambda module: (self.pending.pop(name, None),
+                                                                   wrap(module)))
+        return spec
+
+
+class _WrappingLoader:
+    """The module's own loader (every other attribute delegated), calling ``after`` once the
+    module has executed."""
+
+    def __init__(self, loader: Any, after: Any) -> None:
+        self._loader = loader
+        self._after = after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._after(module)
+

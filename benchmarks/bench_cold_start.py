@@ -57,6 +57,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import (  # noqa: E402
+    KernelCounters,
     build_model,
     fresh_node_env,
     machine,
@@ -79,6 +80,7 @@ def _child(args: argparse.Namespace) -> dict:
                                 device=args.device, dtype=args.dtype)
     train = args.mode == "train"
     model.train(train)
+    kernels = KernelCounters()  # Triton kernels compiled from source, autotune benchmarks
     if args.load_megacache:
         with open(args.load_megacache, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
@@ -127,6 +129,7 @@ def _child(args: argparse.Namespace) -> dict:
         "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
         "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
         "frames_traced": counters["frames"]["ok"],  # 0 on a precompile hit
+        **kernels.read(),
         **({"precompile": precompile} if precompile else {}),
     }
 
@@ -171,7 +174,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         print(
             f"  {model:>7} {mode:<7} {strategy:<10} {scenario:<16} ttfo {row['ttfo_s']:6.2f} s  "
             f"process {row['process_s']:6.2f} s  fx miss/hit {row['fxgraph_miss']}/{row['fxgraph_hit']}  "
-            f"traced {row.get('frames_traced', '-')}"
+            f"traced {row.get('frames_traced', '-')}  triton compiled {row.get('triton_compiled', '-')}  "
+            f"autotune benchmarks {row.get('autotune_benchmarks', '-')}"
             + (f"  precompile {row['precompile']}" if row.get("precompile") else ""),
             file=sys.stderr,
         )
@@ -208,8 +212,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                         warm_node = node
                     else:
                         shutil.rmtree(node, ignore_errors=True)
-                    record(model, mode, strategy, "megacache node",
-                           once(strategy, fresh("mega"), job, load_megacache=blob))
+                    if not args.goal_only:
+                        record(model, mode, strategy, "megacache node",
+                               once(strategy, fresh("mega"), job, load_megacache=blob))
                 pairs = [("default", "cc publish", "cc node")]
                 if not args.no_plain:
                     pairs.append(("off", "cc plain publish", "cc plain node"))
@@ -224,6 +229,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                         shutil.rmtree(publisher, ignore_errors=True)
                     nodes = [once("regional", fresh("cc"), job, **extra) for _ in range(repeats)]
                     record(model, mode, "regional", node_label, _median_of(nodes))
+                if args.goal_only:
+                    continue
                 # A node whose local dirs are warm publishes into an empty store...
                 store = os.path.join(tmp, f"{model}-{mode}-store-from-warm")
                 record(model, mode, "regional", "cc warm publish",
@@ -326,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--no-plain", action="store_true",
                         help="skip the cc plain scenarios (precompile=False; saves two processes)")
+    parser.add_argument("--goal-only", action="store_true",
+                        help="only the goal's rows: eager, cold, torch warm, cc publish, cc node "
+                             "(no megacache node, no warm-publish pair; gpu_check.sh)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each short scenario (torch warm, the cc nodes); "
                              "the row is the median run (default 3)")

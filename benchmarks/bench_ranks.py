@@ -130,7 +130,7 @@ def _hooks_child(out: str, layers: int, width: int, heads: int, seq: int, steps:
     import compile_cache
     from compile_cache import publisher, regions
     from compile_cache.session import session_for
-    from compile_cache.store import maintenance, stats
+    from compile_cache.store import maintenance
 
     model, _ = build_gpt2(layers, width, heads, seq)
     model.train()
@@ -168,10 +168,10 @@ def _hooks_child(out: str, layers: int, width: int, heads: int, seq: int, steps:
     flushed = session.flush(120.0)  # what the steps queued, written off the step
     store = session.store
     t0 = time.perf_counter()
-    walked = maintenance.total_size(store)
+    walked = maintenance.total_size(store.parts)
     walk_ms = 1e3 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    counted, _ = stats.tracked_size(store)
+    counted, _ = store.counters.tracked_size()
     counter_ms = 1e3 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
     n_packs = sum(len(e.packs) for e in store.entries())

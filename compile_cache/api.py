@@ -15,6 +15,41 @@
 
 ``warm(model, [inputs, ...])`` is the ahead-of-time grid behind ``python -m compile_cache warm``: it runs
 ``compile_regions`` and then each example input through the one runner (:mod:`.warmup`).
+
+**compile_regions in detail.**
+
+*Hooks.* Hooks and instance-bound ``forward``s present at ``compile_regions`` are traced into the
+compiled code; blocks that differ in them are planned apart (Dynamo does not guard on hooks). A
+hook added later where the traced code had none (on a block, a submodule or globally) makes that
+block run eagerly while it is registered, so the hook fires (``RegionEagerWarning``, counted in
+``region_stats``); register hooks before ``compile_regions`` to keep the block compiled. See
+``plan_regions`` for what is compiled and what stays eager.
+
+*The store and precompile.* With a store, matching packs are restored before compiling, and what
+the forwards compile is published. With ``precompile``, every guard Dynamo can save is kept
+(attribute values, ``training``, argument counts, optional arguments, tensor metadata); only
+identity checks the key covers are dropped, and a group whose guards cannot be saved faithfully
+(or another backend than Inductor) compiles without precompile, with a
+``RegionPrecompileWarning``; ``precompile=False`` caches the compiled graphs only.
+``compile_cache.last_report()`` says per group whether precompile was used.
+
+*The key and misses.* Equal ``torch.compile`` settings give one key: keywords equal to torch's
+defaults (``backend="inductor"``, ``mode="default"``, ``fullgraph=False``, ...) are dropped. When
+the key was not in the store, the report says why (``miss_reason``: each field that differs from
+the closest entry of the same model; a ``CacheMissWarning`` says it too when such entries exist).
+
+*The ISA prefetch.* For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that
+are not already there start building in the background, so the first compile does not wait for
+them one by one; torch's probe still makes its own choice (``compile_cache.prefetch``,
+``COMPILE_CACHE_PREFETCH=0`` turns it off).
+
+*Example inputs and distributed jobs.* ``example_inputs`` (a tuple of positional inputs, a dict of
+keywords, or one tensor, shaped like the real batches) compiles now with
+:func:`compile_cache.warm_up` (forward only under ``no_grad`` for a model in eval mode, forward
+and backward in training mode). In a ``torch.distributed`` job, one rank per key compiles and
+the others restore its artifacts; ``distributed`` (default ``COMPILE_CACHE_DISTRIBUTED`` or
+``shared``) says how they get them (see ``compile_cache.distributed``). Every rank must then call
+``compile_regions`` at the same point; apply DDP or ``fully_shard`` afterwards.
 """
 
 from __future__ import annotations
@@ -64,51 +99,23 @@ def compile_regions(
 ) -> nn.Module:
     """Compile ``model``'s repeated blocks and other parts in place; returns ``model`` itself.
 
-    A drop-in for ``accelerate.utils.compile_regions`` and ``torch.compile`` that accepts every
-    ``torch.compile`` keyword (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``,
-    ``disable``, ...). The model object, its class, ``state_dict()`` keys, parameters, hooks and
-    attributes stay as they are: each compiled module gets a compiled call path the way
-    ``nn.Module.compile()`` gives one. Identical blocks share one compiled graph; see
-    ``plan_regions`` for what is compiled and what stays eager. Calling it again re-plans and
-    keeps what is already compiled with the same keywords.
+    A drop-in for ``accelerate.utils.compile_regions`` and ``torch.compile`` (every
+    ``torch.compile`` keyword is accepted): identical blocks share one compiled graph, so a model
+    of N identical layers compiles one, and the model object, its class, ``state_dict()`` keys,
+    parameters and hooks stay as they are. Calling it again re-plans and keeps what is already
+    compiled with the same keywords.
 
-    Hooks and instance-bound ``forward``s present at ``compile_regions`` are traced into the
-    compiled code; blocks that differ in them are planned apart (Dynamo does not guard on
-    hooks). A hook added later where the traced code had none (on a block, a submodule or
-    globally) makes that block run eagerly while it is registered, so the hook fires
-    (``RegionEagerWarning``, counted in ``region_stats``); register hooks before
-    ``compile_regions`` to keep the block compiled.
+    ``cache_dir``: the artifact store that lets a fresh process or node restore compiled code
+    instead of compiling it (``None``: ``COMPILE_CACHE_DIR`` or the default; ``False``: no store;
+    a path: that store). ``precompile``: also cache Dynamo's traced bytecode and guards per group,
+    so a hit skips tracing (``None``: ``COMPILE_CACHE_PRECOMPILE``, else
+    ``config.PRECOMPILE_DEFAULT``: on with Inductor). ``example_inputs``: compile now, with
+    :func:`compile_cache.warm_up`, instead of at the first forward. ``distributed``: how the ranks
+    of a job share one compile (``shared``, ``broadcast`` or ``off``).
 
-    ``cache_dir`` chooses the artifact store (``None``: ``COMPILE_CACHE_DIR`` or the default,
-    ``False``: no store, a path: that store). With a store, matching packs are restored before
-    compiling, so a fresh process or node loads compiled code instead of compiling it; what the
-    forwards compile is published. ``precompile`` (``None``: ``COMPILE_CACHE_PRECOMPILE``, else
-    ``compile_cache.config.PRECOMPILE_DEFAULT``: on with Inductor) also caches Dynamo's traced
-    bytecode and guards per region group, so a hit skips tracing; ``False`` caches the compiled
-    graphs only. Every guard Dynamo can save is kept
-    (attribute values, ``training``, argument counts, optional arguments, tensor metadata);
-    only identity checks the key covers are dropped, and a group whose guards cannot be saved
-    faithfully (or another backend than Inductor) compiles without precompile, with a
-    ``RegionPrecompileWarning``. ``compile_cache.last_report()`` says what was restored,
-    compiled and published, and per group whether precompile was used.
-    When the key was not in the store, the report says why (``miss_reason``: each field that
-    differs from the closest entry of the same model; a ``CacheMissWarning`` says it too when
-    such entries exist). Equal ``torch.compile`` settings give one key: keywords equal to torch's
-    defaults (``backend="inductor"``, ``mode="default"``, ``fullgraph=False``, ...) are dropped.
-
-    For Inductor on CPU, the test libraries of Inductor's vector-ISA probe that are not already
-    there start building in the background, so the first compile does not wait for them one by
-    one; torch's probe still makes its own choice (``compile_cache.prefetch``,
-    ``COMPILE_CACHE_PREFETCH=0`` turns it off).
-
-    ``example_inputs`` (a tuple of positional inputs, a dict of keywords, or one tensor, shaped
-    like the real batches): compile now with :func:`compile_cache.warm_up` instead of at the first
-    forward (forward only under ``no_grad`` for a model in eval mode, forward and backward in
-    training mode). In a ``torch.distributed`` job, one rank per key compiles and the others
-    restore its artifacts; ``distributed`` (``shared``, ``broadcast`` or ``off``; default
-    ``COMPILE_CACHE_DISTRIBUTED`` or ``shared``) says how they get them (see
-    ``compile_cache.distributed``). Every rank must then call ``compile_regions`` at the same
-    point; apply DDP or ``fully_shard`` afterwards.
+    ``compile_cache.last_report()`` says what was restored, compiled and published. Hooks,
+    precompile's guards, the key and cache misses, the ISA prefetch and distributed jobs in
+    detail: the module doc of :mod:`compile_cache.api`.
     """
     # 1. validate (a bad COMPILE_CACHE_* value fails here, not when a rank first waits)
     check_module(model, "compile_regions")

@@ -91,10 +91,8 @@ def local_cache_dirs() -> dict[str, Path]:
     creates it). The Triton dir is ``TRITON_CACHE_DIR`` when set, else ``<inductor>/triton``,
     where Inductor points Triton (then it is nested and its files are captured as ``inductor/``).
     """
-    inductor = Path(inductor_cache.cache_dir())
-    triton_env = os.environ.get("TRITON_CACHE_DIR")
-    triton = Path(os.path.abspath(triton_env)) if triton_env else inductor / "triton"
-    return {"inductor": inductor, "triton": triton}
+    dirs = inductor_cache.local_dirs(from_torch=True)
+    return {"inductor": dirs.inductor, "triton": dirs.triton}
 
 
 def _roots(dirs: Mapping[str, Path] | None) -> list[tuple[str, Path]]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import artifacts
 from .store import generations
-from .torch_compat import cache_use, inductor_cache, isa
+from .torch_compat import cache_use, inductor_cache, isa, pgo
 
 __all__ = ["Candidate", "Known", "Usage", "counts", "install", "resolve", "usage"]
 
@@ -162,9 +162,34 @@ def usage(owners: Sequence[str], known: Known | None = None,
             extra_digests.append(digest)
         scope, slot = precompile_unit(group)
         units.append({"scope": scope, "slot": slot, "members": sorted(entry)})
+    profile = _job_profile(owners)
+    if profile is not None:  # Dynamo's profile of this job: a unit of the first group
+        member, data = profile
+        digest = _sha256(data)
+        candidates[member] = Candidate(member, digest, lambda data=data: data)
+        units.append({"scope": owners[0], "slot": "dynamo-pgo#0", "members": [member]})
+        extra_digests.append(digest)
     # Changes whenever anything to publish does (a replaced entry keeps its name, not its bytes).
     marker = hash((generation, len(always), tuple(extra_digests)))
     return Usage(candidates, units, always, marker)
+
+
+def _job_profile(owners: Sequence[str]) -> tuple[str, bytes] | None:
+    """(member, bytes) of Dynamo's ``code_state_*`` profile when a job id is set and the model's
+    groups compiled something (it is written after each frame compile), else None."""
+    if not owners or not cache_use.snapshot(owners)[0]:
+        return None
+    path = pgo.code_state_file()
+    if path is None:
+        return None
+    member = inductor_cache.member_name(path)
+    if member is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return member, f.read()
+    except OSError:
+        return None
 
 
 def resolve(found: Usage, held: Mapping[str, set[str | None]]

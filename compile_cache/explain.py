@@ -40,6 +40,11 @@ class CacheMissWarning(UserWarning):
 _ENVIRONMENT: dict[str, tuple[str, str]] = {
     "cpu_threads": ("CPU threads (torch.get_num_threads())",
                     "set OMP_NUM_THREADS={there} or torch.set_num_threads({there}) to use the entry"),
+    "devices": ("device kinds the graphs are compiled for (parameters' and buffers' devices)",
+                "the entry's graphs are for other devices: CPU facts key CPU graphs, GPU facts "
+                "GPU graphs"),
+    "compile_on_one_rank": ("torch.distributed.config.compile_on_one_rank",
+                            "the entry was compiled with another compile_on_one_rank setting"),
     "cpu_capability": ("CPU instruction set", "the entry was compiled on another kind of CPU"),
     "torch": ("torch version", "the entry was compiled by another torch build"),
     "torch_git": ("torch build (git)", "the entry was compiled by another torch build"),
@@ -58,9 +63,9 @@ _ENVIRONMENT: dict[str, tuple[str, str]] = {
     "functorch_config": ("AOTAutograd config (torch._functorch.config)", ""),
     "dynamo_config": ("Dynamo config (torch._dynamo.config)", ""),
     "cuda_available": ("CUDA available", ""),
-    "device_name": ("GPU model", ""),
-    "device_capability": ("GPU compute capability", ""),
-    "device_count": ("number of visible GPUs", ""),
+    "device_name": ("GPU model (GPU graphs only)", "the entry was compiled for another GPU"),
+    "device_capability": ("GPU compute capability (GPU graphs only)", ""),
+    "device_count": ("number of visible GPUs (key format 1 only; no longer keyed)", ""),
 }
 
 
@@ -173,6 +178,7 @@ def compare(here: dict[str, Any], there: dict[str, Any]) -> list[Difference]:
 
 #: short names of fields for one-line listings (``ls``)
 _SHORT = {"environment.cpu_threads": "threads", "environment.cpu_capability": "isa",
+          "environment.devices": "devices", "environment.device_name": "gpu",
           "model.dtypes": "dtype", "model.devices": "device", "model.fingerprint": "fingerprint"}
 
 

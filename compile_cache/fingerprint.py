@@ -55,7 +55,7 @@ class Fingerprint:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Fingerprint):
-            return self._digest == other._digest
+            return self._digest == other.digest
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -70,16 +70,15 @@ class Fingerprint:
     def __reduce__(self):  # noqa: ANN204 - pickling support
         return (Fingerprint, (self._digest,))
 
+    @classmethod
+    def trusted(cls, digest: bytes) -> Fingerprint:
+        """A Fingerprint from a backend's 16 bytes, skipping the checks (a tree has ~1000 of them)."""
+        value = _new(cls)
+        cls._digest.__set__(value, digest)  # type: ignore[attr-defined]
+        return value
+
 
 _new = object.__new__
-_set_digest = Fingerprint._digest.__set__  # type: ignore[attr-defined]
-
-
-def _trusted_fingerprint(digest: bytes) -> Fingerprint:
-    """A Fingerprint from a backend's 16 bytes, skipping the checks (a tree has ~1000 of them)."""
-    value = _new(Fingerprint)
-    _set_digest(value, digest)
-    return value
 
 
 def _load_backend() -> tuple[str, object, int]:
@@ -151,7 +150,7 @@ def fingerprint_tree(module: Any, *, attributes: bool = True) -> dict[str, Finge
     """
     _check_module(module)
     pairs = _backend()[1].fingerprint_tree(module, bool(attributes))  # type: ignore[attr-defined]
-    return {name: _trusted_fingerprint(digest) for name, digest in pairs}
+    return {name: Fingerprint.trusted(digest) for name, digest in pairs}
 
 
 def fingerprint(module: Any, *, attributes: bool = True) -> Fingerprint:

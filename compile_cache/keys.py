@@ -12,10 +12,23 @@ key; :func:`key_fields` also gives the readable record an entry keeps (``entry.j
 model that makes torch's compiled code differ. An artifact compiled under one environment is
 only restored under an equal one, because torch's own cache keys (``FxGraphHashDetails`` in
 ``torch/_inductor/codecache.py``) contain the same things and any difference is a silent miss at
-best. The fields mirror that key: torch build, Python, Triton, CUDA, device name and capability,
-the CPU thread count (``get_num_threads()`` is in the FX key of CPU graphs), the default dtype,
-deterministic-algorithm settings, and digests of the Inductor, AOTAutograd (functorch) and Dynamo
-configs (read through :mod:`compile_cache.torch_compat.configs`).
+best. The fields mirror that key: torch build, Python, the default dtype, deterministic-algorithm
+settings, digests of the Inductor, AOTAutograd (functorch) and Dynamo configs (read through
+:mod:`compile_cache.torch_compat.configs`), ``torch.distributed.config.compile_on_one_rank``
+when set, and the facts of the devices the model's graphs are compiled for:
+
+* **CPU graphs** (a parameter or buffer on the CPU): the thread count (``get_num_threads()`` is
+  in the FX key of CPU graphs; ``torchrun`` sets ``OMP_NUM_THREADS=1``) and the vector ISA;
+* **GPU graphs** (a parameter or buffer on another device than ``cpu``/``meta``): CUDA/HIP and
+  Triton versions, the device name and capability. Not the device count: a rank with
+  ``--virtual-local-rank`` sees one GPU where a ``warm`` on the same node sees eight, and torch's
+  keys do not hold it.
+
+**Which devices a model's graphs are for** (:func:`region_devices`): the device types of its
+parameters and buffers, the same fact its fingerprint holds (a model moved to another device
+type has another fingerprint, hence another key). A model with neither counts as both kinds
+(its inputs decide, which the key cannot know): both sets of facts are kept. Callers that
+compare whole machines (``doctor``, the distributed hazard check) pass no devices: every fact.
 
 Everything here is cheap (no Triton import, no CUDA initialisation when CUDA is absent) and stable
 across processes (no ``hash()``, no ids, no addresses, no paths).
@@ -47,9 +60,12 @@ __all__ = [
     "environment_digest",
     "key_fields",
     "model_structure",
+    "region_devices",
 ]
 
-KEY_FORMAT = 1
+#: 2: the environment holds the facts of the model's device kinds only, no device count, and
+#: ``compile_on_one_rank`` when set.
+KEY_FORMAT = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,7 +183,7 @@ class KeyFields:
 def key_fields(model: Any, plan: Any, compile_kwargs: dict[str, Any], precompile: bool) -> KeyFields:
     """The store key of compiling ``model`` with ``plan`` and ``compile_kwargs``, and its record."""
     compile_settings = canonical_compile_kwargs(compile_kwargs)
-    env = environment()
+    env = environment(region_devices(model))
     model_hex = fingerprint(model).hex
     material = {
         "format": KEY_FORMAT,
@@ -269,46 +285,79 @@ def _cpu_capability() -> str:
     return "+".join(parts)
 
 
-def environment() -> dict[str, str]:
-    """The environment key fields, as strings.
+def region_devices(model: Any) -> list[str] | None:
+    """The device types of ``model``'s parameters and buffers, sorted; None when it has neither
+    (then every device fact is keyed). The fingerprint holds the same device types."""
+    found = {t.device.type for t in model.parameters()}
+    found.update(t.device.type for t in model.buffers())
+    return sorted(found) or None
+
+
+#: Device types whose graphs are not GPU graphs (no GPU facts in their key).
+_NOT_GPU = frozenset({"cpu", "meta"})
+
+
+def _compile_on_one_rank() -> str | None:
+    """``torch.distributed.config.compile_on_one_rank`` when set (torch 2.13), else None."""
+    module = sys.modules.get("torch.distributed.config")
+    if module is None:
+        try:
+            import torch.distributed.config as module  # type: ignore[no-redef]
+        except Exception:
+            return None
+    value = getattr(module, "compile_on_one_rank", False)
+    return str(bool(value)) if value else None
+
+
+def environment(devices: list[str] | tuple[str, ...] | None = None) -> dict[str, str]:
+    """The environment key fields, as strings, for graphs compiled for ``devices`` (device
+    types, :func:`region_devices`; None: all facts, as for a whole machine).
 
     Torch and its configs must already be importable; the call costs a few milliseconds once
     torch is imported (it reads configs, never compiles, never initialises CUDA when absent).
     """
     import torch
 
+    kinds = set(devices) if devices else None
+    cpu = kinds is None or "cpu" in kinds
+    gpu = kinds is None or bool(kinds - _NOT_GPU)
     configs = torch_configs.portable_configs()
     env: dict[str, str] = {
         "torch": torch.__version__,
         "torch_git": str(getattr(torch.version, "git_version", "")),
         "torch_debug": str(bool(getattr(torch.version, "debug", False))),
-        "torch_cuda": str(torch.version.cuda or ""),
-        "torch_hip": str(getattr(torch.version, "hip", None) or ""),
         "python": "{}.{}.{}".format(*sys.version_info[:3]),
         "python_impl": platform.python_implementation(),
-        "triton": _triton_version(),
         "machine": platform.machine(),
         "system": platform.system(),
-        "cpu_threads": str(torch.get_num_threads()),
+        "devices": ",".join(sorted(kinds)) if kinds else "any",
         "default_dtype": str(torch.get_default_dtype()),
         "deterministic": f"{torch.are_deterministic_algorithms_enabled()}/"
         f"{torch.is_deterministic_algorithms_warn_only_enabled()}",
-        "cpu_capability": _cpu_capability(),
         "inductor_config": _config_digest(configs["inductor_config"]),
         "functorch_config": _config_digest(configs["functorch_config"]),
         "dynamo_config": _config_digest(configs["dynamo_config"]),
     }
-    env["cuda_available"] = "0"
-    try:
-        if torch.cuda.is_available():
-            idx = torch.cuda.current_device()
-            props = torch.cuda.get_device_properties(idx)
-            env["cuda_available"] = "1"
-            env["device_name"] = str(props.name)
-            env["device_capability"] = f"{props.major}.{props.minor}"
-            env["device_count"] = str(torch.cuda.device_count())
-    except Exception:  # a broken driver must not stop key computation
-        env["cuda_available"] = "error"
+    one_rank = _compile_on_one_rank()
+    if one_rank is not None:
+        env["compile_on_one_rank"] = one_rank
+    if cpu:
+        env["cpu_threads"] = str(torch.get_num_threads())
+        env["cpu_capability"] = _cpu_capability()
+    if gpu:
+        env["torch_cuda"] = str(torch.version.cuda or "")
+        env["torch_hip"] = str(getattr(torch.version, "hip", None) or "")
+        env["triton"] = _triton_version()
+        env["cuda_available"] = "0"
+        try:
+            if torch.cuda.is_available():
+                idx = torch.cuda.current_device()
+                props = torch.cuda.get_device_properties(idx)
+                env["cuda_available"] = "1"
+                env["device_name"] = str(props.name)
+                env["device_capability"] = f"{props.major}.{props.minor}"
+        except Exception:  # a broken driver must not stop key computation
+            env["cuda_available"] = "error"
     return env
 
 

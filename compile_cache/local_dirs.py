@@ -37,12 +37,6 @@ class LocalDir:
     replaced_by: Path | None = None  # the private dir used instead
 
 
-def _triton_dir() -> Path:
-    """``TRITON_CACHE_DIR``, else Triton's own default home (``~/.triton``, its ``cache`` inside)."""
-    env = os.environ.get("TRITON_CACHE_DIR")
-    return Path(os.path.abspath(env)) if env else Path.home() / ".triton"
-
-
 def check_local_dirs() -> list[LocalDir]:
     """The trust verdict of every local dir torch would load compiled code from (no changes).
 
@@ -53,12 +47,12 @@ def check_local_dirs() -> list[LocalDir]:
     """
     from .store.safety import check_private_dir
 
-    inductor = Path(inductor_cache.configured_cache_dir())
-    candidates = [("inductor", inductor)]
-    default = Path(inductor_cache.default_cache_dir())
-    if os.path.abspath(default) != os.path.abspath(inductor):
+    dirs = inductor_cache.local_dirs()
+    candidates = [("inductor", dirs.inductor)]
+    default = dirs.headers
+    if os.path.abspath(default) != os.path.abspath(dirs.inductor):
         candidates.append(("headers", default))
-    candidates.append(("triton", _triton_dir()))
+    candidates.append(("triton", dirs.triton_home))
     out = []
     for label, path in candidates:
         problem = check_private_dir(path) or _parent_problem(path)
@@ -105,8 +99,9 @@ def secure_local_dirs() -> list[LocalDir]:
     state = "|".join(os.environ.get(v, "") for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HOME"))
     if state in _local_dirs_checked:
         return _local_dirs_checked[state]
-    _create_private_if_absent(Path(inductor_cache.configured_cache_dir()))
-    _create_private_if_absent(Path(inductor_cache.default_cache_dir()))
+    dirs = inductor_cache.local_dirs()
+    _create_private_if_absent(dirs.inductor)
+    _create_private_if_absent(dirs.headers)
     verdicts = []
     for found in check_local_dirs():
         if found.problem is None:
@@ -130,7 +125,7 @@ def secure_local_dirs() -> list[LocalDir]:
             "COMPILE_CACHE_TRUST_LOCAL_DIRS=1 to use it anyway.",
             UnsafeLocalDirWarning,
         )
-    default = os.path.abspath(inductor_cache.default_cache_dir())
+    default = os.path.abspath(dirs.headers)
     if any(v.replaced_by and v.label != "headers" and os.path.abspath(v.path) == default for v in verdicts):
         # torch's default dir was the Inductor dir: its precompiled headers move with it.
         inductor_cache.redirect_header_dir(str(_private_dir("precompiled_headers")))

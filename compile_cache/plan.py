@@ -131,14 +131,6 @@ class RegionPlan:
         return tuple(p for p in self.rest if not p.compiled)
 
     @property
-    def compiled_names(self) -> tuple[str, ...]:
-        """Qualified names of every module that gets its own compiled code."""
-        if self.disabled:
-            return ()
-        names = [n for g in self.groups for n in g.names]
-        return tuple(names + [p.name for p in self.compiled_rest])
-
-    @property
     def expected_graphs(self) -> int:
         """Distinct compiled frames for static inputs when no block recompiles: one per group and
         one per compiled part (a graph break adds graphs within a frame)."""
@@ -278,7 +270,7 @@ def check_module(model: object, what: str) -> None:
     if dynamo.is_optimized_module(model):
         raise TypeError(
             f"{what} got a module already wrapped by torch.compile ({type(model).__name__} around "
-            f"{type(model._orig_mod).__name__}); pass the original module (`._orig_mod`)"
+            f"{type(dynamo.original_module(model)).__name__}); pass the original module (`._orig_mod`)"
         )
 
 

@@ -33,8 +33,9 @@ from torch import nn
 from . import _warnings
 from .capture import VIEWS_SUFFIX
 from .fingerprint import class_lineage
-from .keys import canonical_compile_kwargs
+from .keys import canonical_compile_kwargs, region_devices
 from .store.stats import record_precompile
+from .torch_compat import cudagraphs
 from .torch_compat import precompile as pc
 from .torch_compat.kv.cache import is_cache
 from .torch_compat.kv.calls import is_view
@@ -165,7 +166,7 @@ _FUNCTIONS: dict[str, pc.PrecompiledFunction] = {}  # entry name -> its function
 _LOCK = threading.Lock()
 
 
-def _declined_up_front(compile_kwargs: dict[str, Any]) -> str | None:
+def _declined_up_front(compile_kwargs: dict[str, Any], module: nn.Module | None = None) -> str | None:
     backend = compile_kwargs.get("backend", "inductor")
     if backend != "inductor":
         name = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
@@ -173,7 +174,8 @@ def _declined_up_front(compile_kwargs: dict[str, Any]) -> str | None:
                 f"compiled code with the entry)")
     if "guard_filter_fn" in (compile_kwargs.get("options") or {}):
         return "options['guard_filter_fn'] is given: compile_cache does not replace your filter"
-    return None
+    devices = None if module is None else region_devices(module)
+    return cudagraphs.precompile_decline(compile_kwargs, devices)  # torch's load drops them
 
 
 class GroupPrecompiler:
@@ -200,7 +202,7 @@ class GroupPrecompiler:
             pf = _FUNCTIONS.get(name)
             if pf is None:
                 record = self.setup.records.get(name) or {}
-                declined = _declined_up_front(compile_kwargs)
+                declined = _declined_up_front(compile_kwargs, module)
                 if declined is None and isinstance(record.get("declined"), str):
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
@@ -218,7 +220,10 @@ class GroupPrecompiler:
             # a decode-steps function is in the report once it is used (or loaded)
             self._event(PrecompileEvent(code_name, label, name, status, detail,
                                         unproven=len(pf.dropped_graphs)))
-        if status == "failed" or (status == "declined" and self.setup.explicit):
+        # Declined for CUDA graphs: warned even when precompile is only the default, since the
+        # mode's promise (CUDA graphs) is kept at the cost of a trace per start.
+        if status == "failed" or (status == "declined" and (
+                self.setup.explicit or cudagraphs.is_decline(detail))):
             self._declines.setdefault(detail, []).append(label)
         elif status == "declined":
             logger.info("compile_cache: precompile is off for %s: %s", label, detail)

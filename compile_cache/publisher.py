@@ -50,7 +50,7 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="compile_cache-publish", daemon=True)
         self._thread.start()
         if register_atexit:
-            atexit.register(self._at_exit)
+            atexit.register(self.run_at_exit)
 
     def submit(self, job: Callable[[], None], key: Hashable | None = None) -> bool:
         """Queue ``job``; False when a job with the same ``key`` is already waiting."""
@@ -103,8 +103,15 @@ class Publisher:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _at_exit(self) -> None:
-        if self._pid != os.getpid():
+    def in_this_process(self) -> bool:
+        """Whether this publisher was made in this process (a forked child inherits its parent's
+        publisher without the thread)."""
+        return self._pid == os.getpid()
+
+    def run_at_exit(self) -> None:
+        """The exit's publish: the :meth:`at_exit` hooks, then a drain of at most
+        ``exit_timeout`` seconds (atexit, and SIGTERM where nobody else handles it)."""
+        if not self.in_this_process():
             return  # the parent's publisher, inherited by a forked child: its thread is not here
         for hook in list(self._exit_hooks):
             try:
@@ -124,7 +131,7 @@ def get() -> Publisher:
     """This process's publisher (its thread starts on first use; after a fork, a new one)."""
     global _default
     with _default_lock:
-        if _default is None or _default._pid != os.getpid():
+        if _default is None or not _default.in_this_process():
             _default = Publisher()
             _drain_on_sigterm()
         return _default
@@ -152,7 +159,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
     publisher = _default
     if publisher is not None:
-        publisher._at_exit()
+        publisher.run_at_exit()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # the exit status says "terminated", as without us
 

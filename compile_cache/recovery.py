@@ -15,13 +15,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from typing import TYPE_CHECKING
 
 from . import artifacts
+from .report import CacheReport
 from .store import PackInfo, Store
-
-if TYPE_CHECKING:
-    from .session import CacheReport
 
 __all__ = ["local_failure", "on_load_failure", "origin", "restored"]
 

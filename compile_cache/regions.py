@@ -11,8 +11,8 @@
 * The model is compiled **in place**: a runner is installed as the module's
   ``_compiled_call_impl``, where ``nn.Module.compile()`` puts its compiled function. Class,
   ``state_dict()`` keys, parameters, hooks and instance-bound ``forward``s stay and are traced by
-  Dynamo (the trampoline calls ``self._call_impl``). Only this module touches
-  ``_compiled_call_impl``; :func:`observe_calls` is how others (the session) see a call end.
+  Dynamo (the trampoline calls ``self._call_impl``). Only this module installs there (through
+  :mod:`compile_cache.torch_compat.module_calls`); :func:`observe_calls` is how others (the session) see a call end.
 * The trampoline runs ``if not torch.compiler.is_compiling(): <report>``. Dynamo folds that branch
   away in compiled code, so it runs only when the region executes **uncompiled** (recompile limit
   hit, frame skipped, compile disabled): that is reported with a ``RegionEagerWarning`` once per
@@ -55,6 +55,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
 from . import _warnings
+from .keys import region_devices
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
     VIEWS_SUFFIX,
@@ -65,7 +66,7 @@ from .precompiled import (
     RegionPrecompileWarning,
     compile_plain,
 )
-from .torch_compat import dynamo
+from .torch_compat import cudagraphs, dynamo, module_calls
 from .torch_compat import precompile as pc
 from .torch_compat.cache_use import owner_stack
 from .torch_compat.kv import cache as kv_cache
@@ -376,7 +377,7 @@ class _RegionRunner:
     """
 
     __slots__ = ("compiled", "state", "key", "owner", "failures", "on_end", "module", "hook_slots",
-                 "hook_id", "hook_version", "hooked", "__weakref__")
+                 "hook_id", "hook_version", "hooked", "copy_out", "__weakref__")
 
     def __init__(self, compiled: Any, state: _GroupState, key: tuple, module: nn.Module) -> None:
         self.compiled = compiled
@@ -395,6 +396,8 @@ class _RegionRunner:
         self.hook_version = -1  # _trace_version then
         #: The hook dicts that hold a hook where a trace of the group's code saw none (eager).
         self.hooked: tuple[str, ...] = ()
+        #: CUDA graphs with regions: outputs leave as copies (torch_compat.cudagraphs).
+        self.copy_out = False
         if state.pf is not None:
             # The precompiled code may come from another process (a store), traced with the hooks
             # the plan saw on the group (its fingerprint holds them) and, presumably, no global ones.
@@ -453,13 +456,15 @@ class _RegionRunner:
         owners.append(self.owner)
         try:
             if hooked:  # eagerly: torch runs the module's hooks and forward
-                out = self.module._call_impl(*args, **kwargs)
+                out = module_calls.eager_call(self.module, *args, **kwargs)
             elif state.cache_calls is not None:
                 out = state.cache_calls.call(self, self.compiled, args, kwargs)
             else:
                 out = self.compiled(*args, **kwargs)
         finally:
             owners.pop()
+        if self.copy_out and not hooked:  # out of the cudagraph pool before the next region
+            out = cudagraphs.detach_outputs(out)
         if dynamo.frames_seen() != frames:  # Dynamo compiled (or refused) a frame in this call
             state.check_resumes()
             if not hooked:
@@ -496,7 +501,7 @@ class _ObservedCall:
 
 def _installed(module: nn.Module) -> Any:
     """What sits in ``module._compiled_call_impl``, seen through an observer."""
-    runner = module.__dict__.get("_compiled_call_impl")
+    runner = module_calls.compiled_call(module)
     return runner.wrapped if isinstance(runner, _ObservedCall) else runner
 
 
@@ -549,12 +554,13 @@ def install(
     # Undo our earlier installs on modules this plan no longer compiles.
     for name, mod in modules.items():
         if name not in wanted and isinstance(_installed(mod), _RegionRunner):
-            mod._compiled_call_impl = None
+            module_calls.set_compiled_call(mod, None)
 
     wanted_members: dict[str, list[str]] = {}
     for name, (code_name, _, _) in wanted.items():
         wanted_members.setdefault(code_name, []).append(name)
     frozen = _freeze((kwargs, precompile.store_key if precompile is not None else None))
+    copy_out = _copies_outputs(model, kwargs) if not disabled else False
     states: dict[str, _GroupState] = {}
     functions: dict[str, pc.PrecompiledFunction] = {}
     groups = GroupPrecompiler(precompile, _trampoline) if precompile is not None else None
@@ -590,7 +596,9 @@ def install(
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
             state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-        mod._compiled_call_impl = _RegionRunner(compiled, state, key, mod)
+        runner = _RegionRunner(compiled, state, key, mod)
+        runner.copy_out = copy_out
+        module_calls.set_compiled_call(mod, runner)
     if groups is not None:
         groups.finish()
     if states and not PER_CALL_RECOMPILE_LIMIT:
@@ -601,6 +609,21 @@ def install(
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
+
+
+def _copies_outputs(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Regions compiled with CUDA graphs hand on copies of their outputs: in cudagraph trees a
+    region's output lives in the tree's pool and a later replay overwrites it, while the next
+    region (or the next call of the same group) still reads it (torch #152887, #160281). A model
+    whose tensors are all on the CPU gets no CUDA graphs and no copies."""
+    if cudagraphs.wants_cudagraphs(kwargs) is False:
+        return False
+    devices = region_devices(model)
+    if devices is not None and set(devices) <= {"cpu", "meta"}:
+        return False
+    logger.info("compile_cache: CUDA graphs with regional compilation: each region's CUDA outputs "
+                "(and the gradients flowing back into it) are copied out of the cudagraph pool")
+    return True
 
 
 def _prepare_group(state: _GroupState, block: nn.Module, kwargs: dict) -> None:
@@ -643,12 +666,12 @@ def observe_calls(model: nn.Module, on_end: Callable[[float], None]) -> None:
     old = model.__dict__.pop("_compile_cache_hooks", None)
     for handle in old or ():
         handle.remove()
-    runner = model.__dict__.get("_compiled_call_impl")
+    runner = module_calls.compiled_call(model)
     if isinstance(runner, (_RegionRunner, _ObservedCall)):
         runner.on_end = on_end
         return
     if runner is not None:  # compiled by someone else: observe around it
-        model._compiled_call_impl = _ObservedCall(runner, on_end)
+        module_calls.set_compiled_call(model, _ObservedCall(runner, on_end))
         return
     handle_pre = model.register_forward_pre_hook(_start_timer)
     handle_post = model.register_forward_hook(_timer_hook(on_end))
@@ -661,9 +684,12 @@ def get_plan(model: nn.Module) -> RegionPlan | None:
 
 
 def region_stats(model: nn.Module) -> dict[str, dict[str, int]]:
-    """Per compiled group/part of ``model`` (by code name): compiled cache entries (shared by
-    every model with the same fingerprint), eager runs and per-block recompiles of this model.
-    ``eager_calls`` above zero means its compiled code did not run."""
+    """Per compiled group or part of ``model`` (by code name): its cache entries, eager runs and
+    recompiles.
+
+    The entries are shared by every model with the same fingerprint; the eager runs and
+    per-block recompiles are this model's. ``eager_calls`` above zero means its compiled code
+    did not run (a ``RegionEagerWarning`` said why)."""
     check_module(model, "region_stats")
     states: dict[str, _GroupState] = {}
     for mod in model.modules():

@@ -34,9 +34,9 @@ from .errors import CompileCacheError, ConfigError, UnsafeStoreError
 from .explain import CacheMissWarning, explain
 from .precompiled import PrecompileTracker
 from .report import CacheReport
-from .session_publish import PublishingSession
+from .session_publish import SessionPublisher
 from .store import EntryInfo, Store, generations, misses
-from .torch_compat import cache_use, dynamo, inductor_cache, isa
+from .torch_compat import autotune, cache_use, dynamo, inductor_cache, isa
 
 logger = logging.getLogger("compile_cache")
 
@@ -74,7 +74,7 @@ def precompile_requested(precompile: bool | None, compile_kwargs: dict[str, Any]
     return wanted
 
 
-class CacheSession(PublishingSession):
+class CacheSession:
     """One model's link to the store: restores at open, publishes what the model's regions used.
 
     Capture by use (:mod:`compile_cache.capture`): the end of every compile that added to the
@@ -82,7 +82,9 @@ class CacheSession(PublishingSession):
     lazily inside ``loss.backward()``) queues a publish on the background
     :mod:`~compile_cache.publisher`, off the training step; so does the end of a forward that
     compiled. Whatever is still unpublished at interpreter exit is published then (bounded).
-    :meth:`flush` waits for it (the warm-up and the CLI use it).
+    :meth:`flush` waits for it (the warm-up and the CLI use it). What to publish, and the
+    publishing itself, is its :class:`~compile_cache.session_publish.SessionPublisher`
+    (:attr:`publishing`).
     """
 
     def __init__(
@@ -114,21 +116,16 @@ class CacheSession(PublishingSession):
             + [p.code_name for p in getattr(plan, "compiled_rest", ())]
         )
         self._capture: artifacts.Capture | None = None  # the diff fallback
-        self._by_use = False
-        self._known: dict[str, tuple[str, int, int, str]] = {}  # restored files and digests
-        self._published_generation: int | None = None
-        self._pending_seconds = 0.0  # forward seconds since the last publish (the diff fallback)
-        self._published_seconds = 0.0  # the owners' compile seconds already published
         self._counters = dynamo.CompileCounters.snapshot()
         self._lock = threading.RLock()  # the report and counters (after_forward publishes a diff)
-        self._publish_lock = threading.Lock()
-        self._tags: dict[str, Any] = {}  # header metadata of packs published now (tagged())
-        #: With precompile: group -> the members of its saved Dynamo entry (every pack's usage)
-        self._extra: dict[str, dict[str, bytes]] = {}
-        self._extra_paths: dict[str, str] = {}  # group -> its entry file, read when publishing
-        self._extra_read: dict[str, tuple[int, int]] = {}  # entry file -> (size, mtime) read
         #: With precompile: the groups' precompiled functions, saved after forwards that traced.
         self.precompiled = PrecompileTracker(self.report, store)
+        #: What this session publishes, and when.
+        self.publishing = SessionPublisher(
+            store, key, self.report, owners=self.owners, precompile=precompile,
+            precompiled=self.precompiled, entry_info=self._entry_info, lock=self._lock,
+            on_error=self.record_failure,
+        )
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -145,6 +142,7 @@ class CacheSession(PublishingSession):
         start = time.perf_counter()
         packs = self.store.load(self.key)
         selection = generations.select([p.info for p in packs], self.owners or None)
+        parts: list[str] = []  # max-autotune selection-cache parts, merged into torch's file
         if not count:
             self.report.restored_packs = self.report.restored_files = 0
             self.report.restored_bytes = 0
@@ -167,7 +165,7 @@ class CacheSession(PublishingSession):
                 self.store.quarantine(pack.info, str(exc))
                 continue
             except (CompileCacheError, OSError) as exc:  # this node's local dir (a planted link...)
-                self._error("restore", f"pack {pack.info.name}: {exc}")
+                self.record_failure("restore", f"pack {pack.info.name}: {exc}")
                 continue
             finally:
                 pack.close()
@@ -176,7 +174,11 @@ class CacheSession(PublishingSession):
             self.report.restored_files += len(result.written) + len(result.present)
             self.report.restored_bytes += nbytes
             for name, (real, size, mtime) in result.files.items():
-                self._known[name] = (real, size, mtime, digests[name])
+                self.publishing.known[name] = (real, size, mtime, digests[name])
+                if autotune.PART_DIR_SUFFIX + "/" in name:
+                    parts.append(real)
+        if parts:  # before the first compile reads the selection cache
+            autotune.merge_restored_parts(parts)
         if selection.superseded_units:
             logger.info("compile_cache: %d superseded unit(s) of %s not restored",
                         selection.superseded_units, self.key[:12])
@@ -207,8 +209,9 @@ class CacheSession(PublishingSession):
             self.report.capture = "directory diff"
             self._capture = artifacts.Capture()
             return
+        _warn_unbundled(self._entry_info.get("device"))
         if capture.install():
-            self._by_use = True
+            self.publishing.by_use = True
             self.report.capture = "by use"
             cache_use.on_compiled(_on_compiled)
             publisher.get().at_exit(_publish_at_exit)
@@ -236,15 +239,15 @@ class CacheSession(PublishingSession):
             if self._inductor:
                 dynamo.check_counters(diff)
             self._count_outcome()
-            self._pending_seconds += seconds
-            if self._by_use:
-                self._prepare_precompile()
-                self.submit_publish()
+            self.publishing.add_forward_seconds(seconds)
+            if self.publishing.by_use:
+                self.publishing.prepare_precompile()
+                self.publishing.submit()
                 return
-            saved = self._prepare_precompile()
+            saved = self.publishing.prepare_precompile()
             if diff.fxgraph_miss == 0 and diff.autograd_miss == 0 and not saved:
                 return
-            self._publish_diff(self._capture or artifacts.Capture())
+            self.publishing.publish_diff(self._capture or artifacts.Capture())
             self._capture = artifacts.Capture()
 
     def _count_outcome(self) -> None:
@@ -295,7 +298,13 @@ class CacheSession(PublishingSession):
         entry = self.store.entry(self.key)
         return [dict(p.metadata) for p in entry.packs] if entry is not None else []
 
-    def _error(self, kind: str, message: str) -> None:
+    def flush(self, timeout: float | None = None) -> bool:
+        """Publishes what is not published yet and waits for it; True when done in time."""
+        return self.publishing.flush(timeout)
+
+    def record_failure(self, kind: str, message: str) -> None:
+        """A step failed (restore, capture, a precompile save): noted in the report, counted in
+        the store's stats, warned; the caller compiles instead."""
         self.report.errors.append(f"{kind}: {message}")
         self.store.record_error(kind)
         _warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}")
@@ -314,19 +323,19 @@ class CacheSession(PublishingSession):
     @property
     def tags(self) -> dict[str, Any]:
         """The metadata the packs published now are tagged with (see :meth:`tagged`)."""
-        return dict(self._tags)
+        return dict(self.publishing.tags)
 
     @contextlib.contextmanager
     def tagged(self, **metadata: Any) -> Iterator[None]:
         """Tag the packs published inside the block with ``metadata`` (merged into their header
         metadata); the earlier tags come back after it. The distributed warm-up tags its packs
         with the signature of its example inputs."""
-        previous = dict(self._tags)
-        self._tags.update(metadata)
+        previous = dict(self.publishing.tags)
+        self.publishing.tags.update(metadata)
         try:
             yield
         finally:
-            self._tags = previous
+            self.publishing.tags = previous
 
     def lock(self, timeout: float | None, wait_alive: float | None = None) -> Any:
         """The store's lock of this key (only avoids duplicate compiles; never needed for
@@ -373,13 +382,13 @@ def _on_compiled(owners: set[str]) -> None:
     for session in list(_live):
         # With precompile, Dynamo's entries are written only outside a compile (after_forward).
         if owners.intersection(session.owners) and not session.precompile:
-            session.submit_publish()
+            session.publishing.submit()
 
 
 def _publish_at_exit() -> None:
     for session in list(_live):
-        session._prepare_precompile()
-        session.submit_publish()
+        session.publishing.prepare_precompile()
+        session.publishing.submit()
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -400,6 +409,22 @@ def _device_of(model: nn.Module) -> str:
     for tensor in model.parameters():
         return str(tensor.device.type)
     return "cpu"
+
+
+_unbundled_warned = False
+
+
+def _warn_unbundled(device: Any) -> None:
+    """Warns once per process when a GPU model's Triton kernels would not ride in the packs."""
+    global _unbundled_warned
+    if _unbundled_warned or device in ("cpu", "meta", None) or autotune.triton_bundling() is not False:
+        return
+    _unbundled_warned = True
+    _warnings.warn(
+        "compile_cache: torch._inductor.config.bundle_triton_into_fx_graph_cache is off "
+        "(TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE): packs carry no Triton kernels, so a "
+        "fresh node compiles every kernel from source. Leave it on (torch's default) to carry them.",
+        RuntimeWarning)
 
 
 _fallbacks_counted: set[str] = set()
@@ -448,7 +473,7 @@ def open_session(
     try:
         session.restore()
     except OSError as exc:
-        session._error("restore", str(exc))
+        session.record_failure("restore", str(exc))
     session.start_capture()
     with _report_lock:
         _last_report = session.report
@@ -458,8 +483,9 @@ def open_session(
 
 def _reset() -> None:
     """Forget the last report and the counted backend fallbacks (tests)."""
-    global _last_report
+    global _last_report, _unbundled_warned
     with _report_lock:
         _last_report = None
+    _unbundled_warned = False
     _fallbacks_counted.clear()
     _explained.clear()

@@ -9,66 +9,89 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from . import artifacts, capture, publisher
 from ._sizes import format_size
-from .store import generations
+from .precompiled import PrecompileTracker
+from .report import CacheReport
+from .store import Store, generations
 from .torch_compat import cache_use
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["PublishingSession"]
+__all__ = ["SessionPublisher"]
 
 
-class PublishingSession:
-    """The publishing half of a session (its attributes are set by ``CacheSession.__init__``)."""
+class SessionPublisher:
+    """What one :class:`~compile_cache.session.CacheSession` publishes, and when; the session
+    holds one (``session.publishing``) and tells it what happened: restored files
+    (:attr:`known`), capture by use (:attr:`by_use`), forward seconds, the tags of
+    :meth:`~compile_cache.session.CacheSession.tagged`.
 
-    # Set by CacheSession.__init__ / start_capture.
-    store: Any
-    key: str
-    precompile: bool
-    report: Any
-    owners: tuple[str, ...]
-    _by_use: bool
-    _capture: artifacts.Capture | None
-    _known: dict[str, tuple[str, int, int, str]]
-    _extra: dict[str, dict[str, bytes]]
-    _extra_paths: dict[str, str]
-    _extra_read: dict[str, tuple[int, int]]
-    precompiled: Any  # compile_cache.precompiled.PrecompileTracker
-    _published_generation: int | None
-    _pending_seconds: float
-    _published_seconds: float
-    _tags: dict[str, Any]
-    _entry_info: dict[str, Any]
-    _lock: Any
-    _publish_lock: Any
-    _error: Any  # CacheSession._error(kind, message): warn and count
-    def submit_publish(self) -> None:
+    ``lock`` is the session's (it guards the report); ``on_error(kind, message)`` warns and
+    counts a failed step (:meth:`~compile_cache.session.CacheSession.record_failure`).
+    """
+
+    def __init__(
+        self, store: Store, key: str, report: CacheReport, *, owners: tuple[str, ...], precompile: bool,
+        precompiled: PrecompileTracker, entry_info: dict[str, Any], lock: Any,
+        on_error: Callable[[str, str], None],
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.report = report
+        self.owners = owners
+        self.precompile = precompile
+        self.precompiled = precompiled
+        self.entry_info = entry_info
+        #: Capture by use (else the directory diff): set by the session's start_capture.
+        self.by_use = False
+        #: Restored files and digests (name -> (real path, size, mtime, digest)).
+        self.known: dict[str, tuple[str, int, int, str]] = {}
+        #: Header metadata of the packs published now (CacheSession.tagged()).
+        self.tags: dict[str, Any] = {}
+        self._lock = lock
+        self._on_error = on_error
+        self._publish_lock = threading.Lock()
+        self._published_generation: int | None = None
+        self._pending_seconds = 0.0  # forward seconds since the last publish (the diff fallback)
+        self._published_seconds = 0.0  # the owners' compile seconds already published
+        #: With precompile: group -> the members of its saved Dynamo entry (every pack's usage)
+        self._extra: dict[str, dict[str, bytes]] = {}
+        self._extra_paths: dict[str, str] = {}  # group -> its entry file, read when publishing
+        self._extra_read: dict[str, tuple[int, int]] = {}  # entry file -> (size, mtime) read
+
+    def add_forward_seconds(self, seconds: float) -> None:
+        """A forward took ``seconds`` (the diff fallback's compile time; under the session's lock)."""
+        self._pending_seconds += seconds
+
+    def submit(self) -> None:
         """Queues a publish of what the model used on the background publisher."""
-        if self._by_use and not self.store.read_only:
+        if self.by_use and not self.store.read_only:
             publisher.get().submit(self._publish_by_use, key=("publish", id(self)))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Publishes what is not published yet and waits for it; True when done in time."""
-        if self._by_use:
-            self._prepare_precompile()
-            self.submit_publish()
+        if self.by_use:
+            self.prepare_precompile()
+            self.submit()
         return publisher.get().drain(timeout)  # also the counters queued (the start's outcome)
 
-    def _prepare_precompile(self) -> bool:
+    def prepare_precompile(self) -> bool:
         """With precompile: makes sure each group's Dynamo entry that holds something new is
         saved, and notes the entries to publish as the groups' precompile units, which every
         later pack's manifest names; True when one changed. Cheap (digests): the entries are
         saved at the end of the compiles and read by the publisher."""
         if not self.precompile:
             return False
-        saved = self.precompiled.save_changed(self._error)
+        saved = self.precompiled.save_changed(self._on_error)
         self._extra_paths.update(saved)
         return bool(saved)
 
-    def _read_extra(self) -> None:
+    def read_extra(self) -> None:
         """Reads the noted precompile entries (on the publisher's thread): a replaced entry keeps
         its name, and its newest bytes win. An entry file unchanged since it was read (same
         size and mtime) is not read again."""
@@ -89,8 +112,8 @@ class PublishingSession:
         """Publishes, as one pack, every member the model's groups used that the store lacks,
         with the manifest of the whole usage (runs on the publisher's thread)."""
         with self._publish_lock:
-            self._read_extra()
-            found = capture.usage(self.owners, self._known, self._extra)
+            self.read_extra()
+            found = capture.usage(self.owners, self.known, self._extra)
             if found.generation == self._published_generation or not found.units:
                 return
             members, manifest = capture.resolve(found, self._held())
@@ -105,14 +128,14 @@ class PublishingSession:
                 **self.precompiled.metadata(),
             })
 
-    def _publish_diff(self, diff: artifacts.Capture) -> None:
+    def publish_diff(self, diff: artifacts.Capture) -> None:
         """The fallback: publishes the files the local dirs gained that the store lacks."""
         try:
             members = diff.collect()
         except OSError as exc:
-            self._error("capture", str(exc))
+            self._on_error("capture", str(exc))
             return
-        self._read_extra()
+        self.read_extra()
         for group_members in self._extra.values():
             members.update(group_members)
         held = self._held()
@@ -135,13 +158,13 @@ class PublishingSession:
     def _write_pack(self, members: dict[str, bytes], metadata: dict[str, Any]) -> None:
         with self._lock:
             seconds, self._pending_seconds = self._pending_seconds, 0.0
-            if self._by_use:  # the compiles' own wall time, from torch's compile callbacks
+            if self.by_use:  # the compiles' own wall time, from torch's compile callbacks
                 compiled = cache_use.compile_seconds(self.owners)
                 seconds, self._published_seconds = compiled - self._published_seconds, compiled
             metadata = {"fxgraph_misses": self.report.fxgraph_misses,
-                        "precompile": self.precompile, **metadata, **self._tags}
+                        "precompile": self.precompile, **metadata, **self.tags}
         info = self.store.publish(self.key, members, metadata=metadata,
-                                  entry_info=self._entry_info, compile_seconds=seconds,
+                                  entry_info=self.entry_info, compile_seconds=seconds,
                                   member_info=artifacts.library_sizes(members))
         if info is not None:
             with self._lock:

@@ -19,13 +19,14 @@ import time
 import warnings
 from pathlib import Path
 
-from compile_cache.store import Store, backend
+from compile_cache.store import Store
+from compile_cache.store.backends import fsspec_backend as backend
 from compile_cache.store.remote import local_tier_dir
 
 CHILD = str(Path(__file__).with_name("_cache_child.py"))
 kill, url = int(sys.argv[1]), sys.argv[2]
 if kill:
-    from compile_cache.store import s3
+    from compile_cache.store.backends import s3
 
     def killing(original):
         def download(self, *args, **kwargs):

@@ -326,3 +326,33 @@ def test_cold_start_process_ratio_compares_median_whole_processes():
     ratio = bench_cold_start.ratios(rows)[0]
     assert ratio["process_vs_eager"] == pytest.approx(7.2 / 6.0)
     assert ratio["plain_vs_warm"] is None  # no cc plain node in this run
+
+
+def test_kernel_counters_tell_compiled_kernels_from_restored_ones(tmp_path, monkeypatch):
+    """gpu_check's per-row counts, with stand-ins: a kernel directory torch's bundler writes is
+    restored, one that appears otherwise was compiled; benchmark_all_configs calls are counted."""
+    import _common
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch._inductor.triton_bundler import TritonBundler
+
+    triton = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
+    (triton / "old").mkdir(parents=True)
+    (triton / "old" / "k.cubin").write_bytes(b"from before")
+
+    def emit(bundle):  # stands for torch writing a carried kernel into Triton's cache
+        (triton / "carried").mkdir()
+        (triton / "carried" / "k.cubin").write_bytes(b"restored")
+
+    monkeypatch.setattr(TritonBundler, "read_and_emit", staticmethod(emit))
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", lambda self: {"cfg": 1.0})
+    counters = _common.KernelCounters()
+    assert counters.missing == []
+    TritonBundler.read_and_emit(None)
+    (triton / "built").mkdir()
+    (triton / "built" / "k.cubin").write_bytes(b"compiled here")
+    (triton / "tmp.123").mkdir()  # Triton's unfinished writes do not count
+    (triton / "tmp.123" / "k.cubin").write_bytes(b"half")
+    assert CachingAutotuner.benchmark_all_configs(object()) == {"cfg": 1.0}
+    read = counters.read()
+    assert (read["triton_compiled"], read["triton_restored"], read["autotune_benchmarks"]) == (1, 1, 1)

@@ -31,6 +31,10 @@ def test_doctor_json_subprocess(tmp_path: Path) -> None:
     assert variables["COMPILE_CACHE_SIGNING_KEY"] == "set"
     assert set(variables) >= {"COMPILE_CACHE_DIR", "COMPILE_CACHE_MAX_SIZE", "TORCHINDUCTOR_CACHE_DIR"}
     assert len(data["environment"]["key"]) == 32
+    assert any("CUTLASS" in line and "CUDACodeCache" in line for line in data["not_carried"])
+    assert "device_count" not in data["environment"]["fields"]
+    capabilities = {c["name"] for c in data["capabilities"]}
+    assert {"autotune.capture", "cudagraphs.modes", "pgo.code_state"} <= capabilities
 
 
 def test_doctor_human_output_and_env_source(
@@ -47,6 +51,7 @@ def test_doctor_human_output_and_env_source(
     assert "thread count" in out  # the cross-node hazard, with its fix
     assert re.search(r"COMPILE_CACHE_SIGNING_KEY +unset +default", out)  # a secret shows set/unset
     assert re.search(r"COMPILE_CACHE_DIR +\S+ +environment", out)  # each value with its source
+    assert "Not carried by packs" in out and "CUTLASS kernels" in out
 
 
 def test_doctor_flags_a_world_writable_store(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

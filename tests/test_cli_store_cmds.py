@@ -248,3 +248,87 @@ def test_stats_tell_torchs_local_cache_hits_from_store_hits(
     report, backend = run_job(tmp_path / "store", FakeInductor(salt="new graphs"))
     assert backend.misses >= 1 and report.outcome == "miss" and report.published_packs == 1
     assert Store(tmp_path / "store").stats()["misses"] == 1
+
+
+# -- the plan shown is the plan run (issue 32) ---------------------------------------------------
+_GRAPH = {"inductor/fxgraph/ab/xyz": b"graph" * 100}
+_KA, _KB = "a1" * 16, "b2" * 16
+
+
+def test_prune_removes_the_entries_it_showed_not_a_new_choice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry published between the plan shown and the confirmation is not evicted, though
+    the same criteria chosen again at that moment would take it."""
+    import time
+
+    from compile_cache.cli import store_cmds
+
+    root = tmp_path / "store"
+    Store(root).publish(_KA, _GRAPH)
+    time.sleep(0.05)
+    asked = []
+
+    def confirm_after_a_publish(args: Any, question: str) -> bool:
+        time.sleep(0.05)
+        Store(root).publish(_KB, _GRAPH)  # arrives while the user reads the plan
+        time.sleep(0.05)
+        asked.append(question)
+        return True
+
+    monkeypatch.setattr(store_cmds, "confirm", confirm_after_a_publish)
+    code, out, _ = call(capsys, "prune", "--older-than", "0s", "--cache-dir", str(root))
+    assert code == 0 and asked == [f"remove 1 cache entries from {root}"]
+    assert _KA[:12] in out and _KB[:12] not in out and "Removed 1 entry" in out
+    store = Store(root)
+    assert not store.has(_KA) and store.has(_KB)
+    assert store.evict(older_than="0s", dry_run=True)[0].key == _KB  # chosen again, it would go
+
+
+def test_prune_refused_removes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compile_cache.cli import store_cmds
+
+    root = tmp_path / "store"
+    Store(root).publish(_KA, _GRAPH)
+    monkeypatch.setattr(store_cmds, "confirm", lambda args, question: False)
+    code, out, _ = call(capsys, "prune", "--older-than", "0s", "--cache-dir", str(root))
+    assert code == 1 and "Aborted" in out and Store(root).has(_KA)
+
+
+def test_verify_fix_fixes_what_it_showed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pack damaged after the scan is not touched by the fix of that scan: the check after
+    the fix reports it, and the next ``verify --fix`` quarantines it."""
+    from compile_cache.store import VerifyReport
+
+    root = tmp_path / "store"
+    store = Store(root)
+    first = store.publish(_KA, _GRAPH)
+    second = store.publish(_KB, _GRAPH)
+    assert first is not None and second is not None
+
+    def damage(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    damage(first.path)
+    real_fix = VerifyReport.fix
+
+    def fix_after_more_damage(self: VerifyReport) -> VerifyReport:
+        damage(second.path)  # after the scan was shown, before it is fixed
+        return real_fix(self)
+
+    monkeypatch.setattr(VerifyReport, "fix", fix_after_more_damage)
+    code, out, _ = call(capsys, "verify", "--fix", "--json", "--cache-dir", str(root))
+    shown = json.loads(out)
+    assert code == 1 and shown["fixed"] is True
+    assert [p for p, _why in shown["corrupt_packs"]] == [str(first.path)]
+    assert [p for p, _why in shown["remaining"]["corrupt_packs"]] == [str(second.path)]
+    assert not first.path.exists() and second.path.exists()
+    monkeypatch.setattr(VerifyReport, "fix", real_fix)
+    code, out, _ = call(capsys, "verify", "--fix", "--cache-dir", str(root))
+    assert code == 0 and not second.path.exists()

@@ -110,7 +110,7 @@ def test_garbage_entry_json_and_stats_shards_do_not_stop_a_hit(env) -> None:
     store = Store(store_path)
     (store.layout.entry_json(key)).write_bytes(b"{\"key\": tru")
     for n in range(store_mod.STATS_SHARDS):  # every shard, whichever this process writes
-        (store.stats_dir / f"shard-{n}.json").write_bytes(b"\xff\xfe garbage")
+        (store.layout.stats_dir / f"shard-{n}.json").write_bytes(b"\xff\xfe garbage")
     report = store.verify()
     assert report.bad_entries == [store.layout.entry_json(key)]
     assert len(report.bad_stats) == store_mod.STATS_SHARDS
@@ -399,7 +399,7 @@ def test_import_stops_a_gzip_bomb_at_its_first_bytes_and_checks_declared_sizes(t
         f"except CorruptPackError as exc:\n    result = str(exc)\n"
     )
     assert "bad magic" in got["result"] and got["rss_mb"] < 300
-    assert target.entries() == [] and not list(target.tmp_dir.iterdir())  # nothing left behind
+    assert target.entries() == [] and not list(target.layout.tmp_dir.iterdir())  # nothing left behind
     # A declared size over the pack limit, or a total over the store's cap: refused unread.
     monkeypatch.setenv("COMPILE_CACHE_MAX_PACK_SIZE", "1M")
     with pytest.raises(CorruptPackError, match=r"declares 256.0 MiB, over the limit of 1.0 MiB \(COMPILE_CACHE_MAX_PACK_SIZE\)"):
@@ -454,7 +454,7 @@ def test_a_pack_vanishing_mid_load_is_listed_again_not_half_restored(env, monkey
     def quarantining_open(store_, path, *at):
         calls.append(path)
         if len(calls) == 2:  # a verify --fix elsewhere sets the second pack aside meanwhile
-            store._quarantine(second, report.key)
+            store.parts.keeper.quarantine(second, report.key)
         return real_open(store_, path, *at)
 
     monkeypatch.setattr(loading, "open_pack_path", quarantining_open)

@@ -360,10 +360,10 @@ def test_publish_skips_members_the_key_already_holds_by_content(tmp_path: Path) 
             return self.members
 
     first = {"inductor/fxgraph/aa/x/entry": b"rank0", "inductor/xx/k.so": b"so0"}
-    session._publish_diff(FakeCapture(first))  # type: ignore[arg-type]
-    session._publish_diff(FakeCapture(first))  # type: ignore[arg-type]
+    session.publishing.publish_diff(FakeCapture(first))  # type: ignore[arg-type]
+    session.publishing.publish_diff(FakeCapture(first))  # type: ignore[arg-type]
     assert session.report.published_packs == 1
-    session._publish_diff(FakeCapture({"inductor/xx/k.so": b"so1", "inductor/yy/new.so": b"n"}))  # type: ignore[arg-type]
+    session.publishing.publish_diff(FakeCapture({"inductor/xx/k.so": b"so1", "inductor/yy/new.so": b"n"}))  # type: ignore[arg-type]
     assert session.report.published_packs == 2
     (pack,) = [p for p in store.entry(key).packs if "inductor/yy/new.so" in p.member_names]
     assert set(pack.member_names) == {"inductor/xx/k.so", "inductor/yy/new.so"}

@@ -162,7 +162,7 @@ def test_the_record_says_readably_what_went_into_the_key() -> None:
     assert record["compile"] == {"dynamic": True}  # the canonical settings, defaults dropped
     assert record["precompile"] is True
     assert record["environment"]["cpu_threads"] == str(torch.get_num_threads())
-    assert record["environment_key"] == envmod.environment_digest()
+    assert record["environment_key"] == envmod.environment_digest(envmod.environment(["cpu"]))
     assert record["model"]["dtypes"] == ["float32"] and record["model"]["devices"] == ["cpu"]
     assert record["model"]["class"] == "compile_cache.demo.TinyTransformer"
     assert record["plan"]["groups"] and "x2" in record["plan"]["groups"][0]
@@ -173,3 +173,109 @@ def test_the_record_says_readably_what_went_into_the_key() -> None:
     assert double.record["model"]["dtypes"] == ["float64"]
     other = envmod.key_fields(_model(width=16), compile_cache.plan_regions(_model(width=16)), {}, True)
     assert other.record["model"]["structure"] != record["model"]["structure"]
+
+
+# --------------------------------------------------------------------------------------------
+# Per device kind: CPU facts for CPU graphs, GPU facts for GPU graphs, no device count
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """torch.cuda answering as a node with ``count["n"]`` GPUs of one model (no CUDA here)."""
+    import types
+
+    count = {"n": 8}
+    props = types.SimpleNamespace(name="Stand-in H200", major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count["n"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda idx=0: props)
+    return count
+
+
+def test_gpu_graphs_key_gpu_facts_not_threads_nor_the_device_count(fake_gpus: dict[str, int]) -> None:
+    gpu = envmod.environment(["cuda"])
+    assert gpu["device_name"] == "Stand-in H200" and gpu["device_capability"] == "9.0"
+    assert {"torch_cuda", "triton", "cuda_available"} <= set(gpu)
+    assert "cpu_threads" not in gpu and "cpu_capability" not in gpu and "device_count" not in gpu
+    before = envmod.environment_digest(gpu)
+    cpu_before = envmod.environment_digest(envmod.environment(["cpu"]))
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n + 1)  # what OMP_NUM_THREADS=1 under torchrun changes
+        fake_gpus["n"] = 1  # --virtual-local-rank: each rank sees one GPU
+        assert envmod.environment_digest(envmod.environment(["cuda"])) == before
+        assert envmod.environment_digest(envmod.environment(["cpu"])) != cpu_before
+    finally:
+        torch.set_num_threads(n)
+    cpu = envmod.environment(["cpu"])
+    assert "device_name" not in cpu and "triton" not in cpu and cpu["cpu_threads"] == str(n)
+    whole = envmod.environment()  # doctor, the distributed hazard check: every fact
+    assert {"cpu_threads", "device_name"} <= set(whole) and "device_count" not in whole
+
+
+def _digests_in_subprocess(threads: str) -> dict[str, str]:
+    code = ("import json, torch; from compile_cache import keys, plan_regions; "
+            "from compile_cache.demo import TinyTransformer; out = {}\n"
+            "for device in ('cpu', 'meta'):\n"
+            "    torch.manual_seed(0)\n"
+            "    m = TinyTransformer(layers=2, width=32, heads=2, vocab=64).eval().to(device)\n"
+            "    out[device] = keys.entry_key(m, plan_regions(m), {}, False)\n"
+            "print(json.dumps(out))")
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_omp_num_threads_changes_the_key_of_cpu_graphs_only() -> None:
+    """Two processes, OMP_NUM_THREADS=1 (torchrun's) and 2: a model whose tensors are on the CPU
+    gets two keys; a model whose graphs are not CPU graphs (meta tensors stand in for a GPU)
+    gets one."""
+    one, two = _digests_in_subprocess("1"), _digests_in_subprocess("2")
+    assert one["cpu"] != two["cpu"]
+    assert one["meta"] == two["meta"]
+
+
+def test_region_devices_come_from_parameters_and_buffers() -> None:
+    model = _model()
+    assert envmod.region_devices(model) == ["cpu"]
+    assert envmod.region_devices(model.to("meta")) == ["meta"]
+    assert envmod.region_devices(torch.nn.ReLU()) is None  # no tensors: every fact is keyed
+    assert "cpu_threads" in envmod.key_fields(
+        torch.nn.Sequential(torch.nn.ReLU()), compile_cache.plan_regions(torch.nn.ReLU()), {}, False
+    ).record["environment"]
+    record = envmod.key_fields(model, compile_cache.plan_regions(model), {}, False).record
+    assert record["key_format"] == envmod.KEY_FORMAT == 2
+    assert record["environment"]["devices"] == "meta" and "cpu_threads" not in record["environment"]
+
+
+def test_compile_on_one_rank_is_in_the_key_only_when_set() -> None:
+    import torch.distributed.config as dist_config
+
+    before = envmod.environment(["cuda"])
+    assert "compile_on_one_rank" not in before
+    with dist_config.patch(compile_on_one_rank=True):  # a config module: patch(), not setattr
+        after = envmod.environment(["cuda"])
+    assert after["compile_on_one_rank"] == "True"
+    assert envmod.environment_digest(after) != envmod.environment_digest(before)
+    assert envmod.environment(["cuda"]) == before
+
+
+def test_explain_names_the_new_environment_fields(fake_gpus: dict[str, int]) -> None:
+    """A GPU entry against a start whose compile_on_one_rank differs, and a CPU entry of the same
+    model: explain names the device kinds, the setting and the GPU model, with a label each."""
+    from compile_cache import explain
+
+    gpu = {"environment": envmod.environment(["cuda"])}
+    other = {"environment": dict(gpu["environment"], compile_on_one_rank="True",
+                                 device_name="Stand-in A100")}
+    cpu = {"environment": envmod.environment(["cpu"])}
+    fields = {d.field: d for d in explain.compare(gpu, other)}
+    assert set(fields) == {"environment.compile_on_one_rank", "environment.device_name"}
+    assert "compile_on_one_rank" in fields["environment.compile_on_one_rank"].label
+    assert fields["environment.device_name"].label.startswith("GPU model")
+    devices = {d.field: d for d in explain.compare(gpu, cpu)}["environment.devices"]
+    assert (devices.here, devices.there) == ("cuda", "cpu") and "device kinds" in devices.label
+    assert explain.short_value(gpu, "environment.devices") == "devices=cuda"

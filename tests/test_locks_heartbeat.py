@@ -115,7 +115,7 @@ def test_a_waiter_takes_a_lock_released_between_its_try_and_its_look_at_the_hold
     base, marker = tmp_path / "key", tmp_path / "m"
     proc = _spawn_holder(base, mode, 600, marker)
     waiter = FileLock(base, mode=mode, timeout=0.3, stale_after=STALE, wait_alive=WAIT)
-    try_on_disk, released = waiter._try_once, []
+    try_on_disk, released = waiter.try_once, []
 
     def release_just_after_a_failed_try() -> bool:
         took = try_on_disk()
@@ -129,7 +129,7 @@ def test_a_waiter_takes_a_lock_released_between_its_try_and_its_look_at_the_hold
             released.append(True)
         return took
 
-    waiter._try_once = release_just_after_a_failed_try  # type: ignore[method-assign]
+    waiter.try_once = release_just_after_a_failed_try  # type: ignore[method-assign]
     try:
         with waiter:
             assert released and read_holder(waiter.path).pid == os.getpid()

@@ -23,7 +23,7 @@ from compile_cache import cli
 from compile_cache.errors import ConfigError
 from compile_cache.store import Store
 from compile_cache.store import _reset as reset_store_warnings
-from compile_cache.store.backend import RemoteError
+from compile_cache.store.backends import RemoteError
 
 K1 = "e1" * 16
 SECRET = "cc-SECRET-key-4b7e"
@@ -182,7 +182,7 @@ class Drip(http.server.BaseHTTPRequestHandler):
 def test_a_server_that_drips_bytes_cannot_hold_a_request_past_its_deadline(
     env: Path, monkeypatch: pytest.MonkeyPatch, where: str,
 ) -> None:
-    from compile_cache.store.clients import open_backend
+    from compile_cache.store.backends import open_backend
 
     handler = type("Handler", (Drip,), {"where": where})
     server, endpoint = _serve(handler)
@@ -233,8 +233,7 @@ class Endless(http.server.BaseHTTPRequestHandler):
 def test_a_listing_that_never_ends_stops_with_an_error(
     env: Path, monkeypatch: pytest.MonkeyPatch, repeat: bool,
 ) -> None:
-    from compile_cache.store import s3
-    from compile_cache.store.clients import open_backend
+    from compile_cache.store.backends import open_backend, s3
 
     monkeypatch.setattr(s3, "MAX_LIST_PAGES", 50)  # the bound, made small enough to reach fast
     handler = type("Handler", (Endless,), {"repeat": repeat, "pages": 0})

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -240,7 +241,7 @@ def test_the_publisher_reads_a_precompile_entry_again_only_when_it_changed(tmp_p
     """Every publish reads the noted precompile entries on the publisher thread; an entry file
     that did not change since is not read again, a replaced one is, and its newest bytes win."""
     from compile_cache import artifacts
-    from compile_cache.session_publish import PublishingSession
+    from compile_cache.session_publish import SessionPublisher
 
     entry = tmp_path / "inductor" / "precompile" / "entry"
     entry.parent.mkdir(parents=True)
@@ -253,17 +254,17 @@ def test_the_publisher_reads_a_precompile_entry_again_only_when_it_changed(tmp_p
         return real(paths, {"inductor": tmp_path / "inductor"})
 
     monkeypatch.setattr(artifacts, "read_members", counting)
-    publishing = PublishingSession.__new__(PublishingSession)
-    publishing._extra, publishing._extra_read = {}, {}
+    publishing = SessionPublisher(None, "k", None, owners=(), precompile=True, precompiled=None,
+                                  entry_info={}, lock=threading.RLock(), on_error=print)
     publishing._extra_paths = {"group": str(entry)}
-    publishing._read_extra()
-    publishing._read_extra()
+    publishing.read_extra()
+    publishing.read_extra()
     assert len(reads) == 1 and publishing._extra["group"] == {"inductor/precompile/entry": b"first"}
     replaced = entry.with_name("entry.tmp")
     replaced.write_bytes(b"second, longer")
     os.replace(replaced, entry)
-    publishing._read_extra()
+    publishing.read_extra()
     assert len(reads) == 2 and publishing._extra["group"] == {"inductor/precompile/entry": b"second, longer"}
     entry.unlink()  # pruned: what was read stays, and nothing fails
-    publishing._read_extra()
+    publishing.read_extra()
     assert len(reads) == 2 and publishing._extra["group"]["inductor/precompile/entry"] == b"second, longer"

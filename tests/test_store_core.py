@@ -23,7 +23,8 @@ from compile_cache.errors import (
     UnsafePathError,
 )
 from compile_cache.store import Store, decode_pack
-from compile_cache.store import stats as store_stats
+from compile_cache.store.counters import STATS_SHARDS, shard_index
+from compile_cache.store.keeper import Keeper
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -115,7 +116,7 @@ def _flip(data: bytearray) -> bytearray:
 def test_damaged_pack_is_a_counted_quarantined_miss(store: Store, damage) -> None:
     assert _corrupt_and_load(store, damage) == []
     assert _packs(store, K1) == []  # moved aside...
-    assert len(os.listdir(store.quarantine_dir)) == 1  # ...into quarantine, for inspection
+    assert len(os.listdir(store.layout.quarantine_dir)) == 1  # ...into quarantine, for inspection
     assert store.stats()["corrupt"] == 1
     assert store.publish(K1, MEMBERS) is not None  # the next compile republishes it
 
@@ -158,8 +159,8 @@ def test_symlinked_pack_is_refused(store: Store, tmp_path) -> None:
 def test_garbage_entry_json_and_stats_file_do_not_crash(store: Store) -> None:
     store.publish(K1, MEMBERS)
     (store.layout.entry_json(K1)).write_bytes(b"\x00not json{")
-    other_shard = (store_stats.shard_index() + 1) % store_mod.STATS_SHARDS  # not the one this process writes
-    (store.stats_dir / f"shard-{other_shard}.json").write_text("[1, 2")
+    other_shard = (shard_index() + 1) % STATS_SHARDS  # not the one this process writes
+    (store.layout.stats_dir / f"shard-{other_shard}.json").write_text("[1, 2")
     assert store.load(K1)[0].members == MEMBERS
     assert store.entries()[0].metadata == {}
     stats = store.stats()
@@ -249,7 +250,7 @@ def test_io_errors_while_publishing_warn_once_and_count(
 
 
 def test_entry_evicted_during_publish_is_retried(store: Store, monkeypatch) -> None:
-    real = store_mod.Store._write_entry_json
+    real = Keeper.write_entry_json
     calls = []
 
     def vanish_once(self, entry, data):
@@ -261,7 +262,7 @@ def test_entry_evicted_during_publish_is_retried(store: Store, monkeypatch) -> N
             raise FileNotFoundError(errno.ENOENT, "gone", str(entry))
         return real(self, entry, data)
 
-    monkeypatch.setattr(store_mod.Store, "_write_entry_json", vanish_once)
+    monkeypatch.setattr(Keeper, "write_entry_json", vanish_once)
     assert store.publish(K1, MEMBERS) is not None
     assert store.load(K1)[0].members == MEMBERS
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _cli_helpers import call
 
-from compile_cache.store import Store, generations, maintenance, stats
+from compile_cache.store import Store, generations, maintenance
 
 KEY = "ab" * 16
 pytestmark = pytest.mark.usefixtures("no_env_store")
@@ -105,7 +105,7 @@ def test_compact_merges_an_entry_into_its_current_generation(tmp_path: Path) -> 
     assert pack.members == current
     assert generations.manifest_of(pack.info.metadata)["always"] == list(isa)
     # The size the cap is checked against (a counter, not a walk) follows the merge exactly.
-    assert stats.tracked_size(store)[0] == maintenance.total_size(store)
+    assert store.counters.tracked_size()[0] == maintenance.total_size(store.parts)
     assert store.compact() == []  # compact already
     _publish(store, _gen(9), isa)  # a later publish still supersedes the merged pack
     assert _current(store)["inductor/fxgraph/k9/e"] == b"fx9"

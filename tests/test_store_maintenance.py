@@ -96,7 +96,7 @@ def test_verify_finds_and_fixes_orphans_stale_locks_and_corruption(store: Store)
         text=True,
         timeout=60,
     )
-    stale = store.locks_dir / f"{K1}.lockdir"
+    stale = store.layout.locks_dir / f"{K1}.lockdir"
     stale.mkdir()
     # a fresh heartbeat, but the holder's pid is dead in our own pid namespace
     (stale / "owner").write_bytes(LockHolder(paths.HOSTNAME, int(dead.stdout), time.time(), LOCAL_NAMESPACE).encode())
@@ -135,3 +135,52 @@ def test_a_last_used_time_in_the_future_does_not_keep_an_entry_for_ever(tmp_path
         os.utime(path, (time.time() - 2 * day, time.time() - 2 * day))  # published 2 days ago
     removed = store.evict(older_than=day)  # prune --older-than 1d
     assert {e.key for e in removed} == {future}
+
+
+# -- plans: what is shown is what runs (issue 32) ------------------------------------------------
+def test_eviction_plan_is_frozen_and_executes_what_it_listed(tmp_path: Path) -> None:
+    import dataclasses
+
+    from compile_cache.errors import StoreError
+
+    store = Store(tmp_path / "store")
+    store.publish(K1, MEMBERS)
+    time.sleep(0.02)
+    plan = store.plan_eviction(older_than=0)
+    assert [e.key for e in plan.entries] == [K1] and plan.size == plan.entries[0].size
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.entries = ()  # type: ignore[misc]
+    time.sleep(0.02)
+    store.publish(K2, MEMBERS)  # after the plan: chosen again it would go too
+    assert [e.key for e in plan.execute()] == [K1]
+    assert not store.has(K1) and store.has(K2)
+    assert [e.key for e in store.evict(older_than=0, dry_run=True)] == [K2]
+    assert store.stats()["evictions"] == 1
+    ro = Store(tmp_path / "store", read_only=True)
+    with pytest.raises(StoreError, match="read-only"):
+        ro.plan_eviction(keys=[K2]).execute()
+    assert store.has(K2)
+    assert store.plan_eviction().entries == ()  # no criterion, no cap in reach: nothing
+
+
+def test_verify_report_fix_fixes_only_what_the_scan_listed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    first, second = store.publish(K1, MEMBERS), store.publish(K2, MEMBERS)
+    assert first is not None and second is not None
+    for info in (first, second):
+        data = bytearray(info.path.read_bytes())
+        data[-1] ^= 0xFF
+        if info is first:
+            info.path.write_bytes(bytes(data))
+    report = store.verify()
+    assert [p for p, _ in report.corrupt_packs] == [first.path] and not report.fixed
+    assert first.path.exists()  # a scan changes nothing
+    data = bytearray(second.path.read_bytes())
+    data[-1] ^= 0xFF
+    second.path.write_bytes(bytes(data))  # damaged after the scan
+    assert report.fix() is report and report.fixed
+    assert not first.path.exists() and second.path.exists()
+    assert not store.has(K1)  # the entry its corrupt pack left empty went too
+    assert str(first.path) in {p for p, _ in map(tuple, report.to_dict()["corrupt_packs"])}
+    assert [p for p, _ in store.verify(fix=True).corrupt_packs] == [second.path]
+    assert store.verify().ok

@@ -1,6 +1,6 @@
-"""The small S3 client (compile_cache.store.s3, .s3_auth): SigV4 against AWS's published test
+"""The small S3 client (compile_cache.store.backends.s3, .s3_auth): SigV4 against AWS's published test
 vectors and botocore, ListObjectsV2 pagination, conditional put, faults as misses, and the
-choice between it and s3fs (compile_cache.store.backend.open_backend).
+choice between it and s3fs (compile_cache.store.backends.open_backend).
 
 Requests go to moto's standalone server on 127.0.0.1 (tests/_s3_server.py), or, for faults, to a
 tiny HTTP server in this process that answers every request with one status.
@@ -21,10 +21,10 @@ from _store_helpers import store_warnings_of
 
 from compile_cache.store import Store
 from compile_cache.store import _reset as reset_store_warnings
-from compile_cache.store.backend import FsspecBackend, RemoteError
-from compile_cache.store.clients import open_backend
-from compile_cache.store.s3 import S3Backend, S3Error
-from compile_cache.store.s3_auth import EMPTY_SHA256, Credentials, settings, sign
+from compile_cache.store.backends import RemoteError, open_backend
+from compile_cache.store.backends.fsspec_backend import FsspecBackend
+from compile_cache.store.backends.s3 import S3Backend, S3Error
+from compile_cache.store.backends.s3_auth import EMPTY_SHA256, Credentials, settings, sign
 
 K1 = "e1" * 16
 MEMBERS = {"inductor/fxgraph/ab/xyz": b"graph" * 100}

@@ -76,13 +76,11 @@ def test_stats_are_safe_under_concurrent_processes(store: Store) -> None:
 def _exact(s: Store) -> int:
     from compile_cache.store import maintenance
 
-    return maintenance.total_size(s)
+    return maintenance.total_size(s.parts)
 
 
 def _tracked(s: Store) -> int:
-    from compile_cache.store import stats
-
-    size, calibrated = stats.tracked_size(Store(s.root))  # as another process reads it
+    size, calibrated = Store(s.root).counters.tracked_size()  # as another process reads it
     assert calibrated
     return size
 
@@ -171,10 +169,10 @@ def test_a_stats_lock_held_by_a_dead_holder_stalls_one_update_not_each(tmp_path,
     counter update a 2 s wait; now the first waits, the next ones go on at once (counts kept)."""
     import time
 
-    from compile_cache.store import stats
+    from compile_cache.store import counters as stats
 
     monkeypatch.setenv("COMPILE_CACHE_LOCK", "mkdir")
-    monkeypatch.setattr(stats, "_busy_until", {})
+    monkeypatch.setattr(stats.Counters, "busy_until", {})
     store = Store(tmp_path / "store")
     lock_dir = store.layout.lock_base(f"stats-{stats.shard_index()}").with_name(
         f"stats-{stats.shard_index()}.lockdir")
@@ -186,3 +184,21 @@ def test_a_stats_lock_held_by_a_dead_holder_stalls_one_update_not_each(tmp_path,
         store.record_error("test")
     assert time.monotonic() - start < 4.5  # one 2 s wait, not five
     assert store.stats()["errors_by_kind"].get("test") == 5  # none lost: pending, then summed
+
+
+def test_an_unknown_counter_name_raises_not_dropped(tmp_path: Path) -> None:
+    """issue 32: ``bump(hitz=1)`` used to be dropped without a word."""
+    from compile_cache.store.counters import COUNTERS, Counter
+
+    store = Store(tmp_path / "store")
+    with pytest.raises(ValueError, match="hitz"):
+        store.counters.bump(hitz=1)
+    info = store.publish(K1, MEMBERS)
+    assert info is not None
+    with pytest.raises(ValueError, match="corupt"):
+        store.quarantine(info, "a typo in the caller", counter="corupt")
+    assert info.path.exists()  # refused before the pack moved
+    store.counters.bump({Counter.HITS.value: 2}, errors_by_kind={"x": 1})
+    stats = store.stats()
+    assert stats["hits"] == 2 and stats["errors_by_kind"] == {"x": 1}
+    assert set(COUNTERS) <= set(stats) and len(COUNTERS) == len(set(COUNTERS))

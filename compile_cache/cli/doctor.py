@@ -56,7 +56,7 @@ def _backend_info() -> dict[str, Any]:
 def _remote_info(tier: Any) -> dict[str, Any]:
     """What doctor says of a store on object storage: its URL (no credentials), whether a
     listing works, and where its credentials come from (a source, never a value)."""
-    from ..store.backend import redact
+    from ..store.backends import redact
 
     error = None
     try:
@@ -178,6 +178,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     if remote is not None and remote.get("error"):
         problems.append(f"object storage: {remote['error']}")
+    not_carried = _not_carried()
     data = {
         "version": __version__,
         "store": {
@@ -192,6 +193,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "local_dirs": local,
         "variables": variables,
         "capabilities": caps,
+        "not_carried": not_carried,
         "problems": problems,
     }
     if args.json:
@@ -242,9 +244,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("key", data["environment"]["key"]),
         ("torch", f"{env['torch']} (git {env['torch_git'][:12] or '?'}, CUDA {env['torch_cuda'] or 'none'})"),
         ("python", env["python"]),
-        ("cpu threads", env["cpu_threads"]),
-        ("cpu capability", env["cpu_capability"]),
-        ("device", device),
+        ("cpu threads", f"{env['cpu_threads']} (keyed for models on the CPU only)"),
+        ("cpu capability", f"{env['cpu_capability']} (keyed for models on the CPU only)"),
+        ("device", f"{device} (name, capability, CUDA and Triton keyed for models on a GPU; "
+                   "not the device count)"),
     ], "  "))
     if hazards:
         print("  differs most often across nodes/ranks:")
@@ -252,6 +255,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"    - {hazard}")
     else:
         print("  no cross-rank hazard found (device index 0, thread count pinned)")
+    print("\nNot carried by packs (a fresh node compiles or tunes these again)")
+    for line in not_carried:
+        print(f"  - {line}")
     print("\nFingerprint backend")
     fb_rows = [
         ("backend", backend["backend"] + (f" (fell back {backend['fallbacks']}x)" if backend["fallbacks"] else "")),
@@ -277,4 +283,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("\nNo problems found")
     return 0
 
+
+def _not_carried() -> list[str]:
+    """What a pack never holds, so that a fresh node pays for it (shown by ``doctor``)."""
+    from ..torch_compat import autotune
+
+    out = [
+        "CUTLASS kernels and other CUDACodeCache libraries (max_autotune_gemm_backends with "
+        "CUTLASS): built from source on every fresh node",
+        "Triton's own compile cache outside Inductor's FX-graph entries (kernels of a "
+        "user's own @triton.jit functions)",
+    ]
+    if autotune.triton_bundling() is False:
+        out.insert(0, "Triton kernels: torch._inductor.config.bundle_triton_into_fx_graph_cache "
+                      "is off, so FX-graph entries carry no kernels")
+    if not autotune.install_possible():
+        out.append("autotune results (.best_config, max-autotune's selection cache): the "
+                   "autotune.capture capability is missing")
+    return out
 

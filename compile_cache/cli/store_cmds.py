@@ -1,8 +1,10 @@
 """The store's commands: ``ls``, ``stats``, ``verify``, ``prune``, ``clear``, ``export``, ``import``.
 
-They present what :class:`~compile_cache.store.Store` finds and plans (``prune`` shows the
-entries an eviction would remove, then removes exactly those criteria's entries) and never
-import torch, so they start in well under a second.
+They present what :class:`~compile_cache.store.Store` finds and plans, and run exactly what they
+showed: ``prune`` shows an eviction plan (:meth:`~compile_cache.store.Store.plan_eviction`) and,
+once confirmed, executes that plan; ``verify --fix`` shows the scan and fixes what it listed
+(:meth:`~compile_cache.store.VerifyReport.fix`). They never import torch, so they start in well
+under a second.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ __all__ = [
 def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store of ``--cache-dir`` (or the environment/default); a file there is a usage error."""
     from ..store import Store
-    from ..store.backend import is_url
+    from ..store.backends import is_url
 
     if args.cache_dir is not None and not is_url(args.cache_dir):
         path = Path(args.cache_dir).expanduser()
@@ -251,7 +253,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..store.members import PACK_LABELS
 
     store = open_store(args)
-    report = store.verify(fix=args.fix, labels=PACK_LABELS)
+    report = store.verify(labels=PACK_LABELS)
+    if args.fix:
+        report.fix()  # what this scan listed, and only that
     remaining = store.verify(labels=PACK_LABELS) if args.fix else report
     if args.json:
         data = report.to_dict()
@@ -327,20 +331,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store = open_store(args)
     keys = _resolve_keys(store, args.key) if args.key else None
     criteria = {"max_size": max_size, "older_than": older, "keys": keys}
+    plan = store.plan_eviction(**criteria)
+    planned = list(plan.entries)
     if args.dry_run:
-        planned = store.evict(dry_run=True, **criteria)
         removed = {e.key for e in planned}
         compactable = [c for c in store.compact(dry_run=True) if c.key not in removed]
         _print_removal(planned, "prune", store, args.json, True, compactable)
         return 0
-    planned = store.evict(dry_run=True, **criteria)
     if not planned:
         _print_removal([], "prune", store, args.json, False, store.compact())
         return 0
     if not confirm(args, f"remove {len(planned)} cache entries from {store.location}"):
         print("Aborted")
         return 1
-    removed = store.evict(**criteria)
+    removed = plan.execute()  # the entries shown, not a new choice
     _print_removal(removed, "prune", store, args.json, False, store.compact())
     return 0
 

@@ -119,12 +119,3 @@ __all__ = [
     "resolve_mode",
     "warm_up",
 ]
-
-
-def _reset() -> None:
-    """Forget the last warm-up, the one-time hazard warning and note, and the subgroups (tests)."""
-    from . import hazards, rendezvous, warm_up_report
-
-    warm_up_report._reset()
-    hazards._reset()
-    rendezvous._reset()

@@ -9,6 +9,15 @@ A rank that fails (its forward raises) still arrives at the barrier and marks it
 the others neither wait for it nor for its vote. The rank that compiles starts the ISA-probe
 builds ahead (:mod:`compile_cache.prefetch`); a rank that will restore cancels them and imports
 the compile stack while it waits.
+
+**warm_up in detail.** Every rank must call it, outside any forward; one rank per key compiles
+and the others restore (``mode``: :mod:`compile_cache.distributed`). ``timeout`` bounds every
+wait: for the other ranks to arrive, for the compiling rank, for a lock whose holder is alive,
+for the barrier; past it a rank compiles itself or goes on. It needs the job's c10d store
+(raises :class:`~compile_cache.errors.DistributedSetupError` without one), except with
+``mode="off", barrier=False``. Outside a distributed job, a process that compiles holds the
+store's lock of the key, so a second process warming the same key waits for it (while its
+heartbeat is fresh) and restores instead of compiling again.
 """
 
 from __future__ import annotations
@@ -70,19 +79,16 @@ def warm_up(
 ) -> WarmUpReport:
     """Compile ``model`` (after ``compile_regions``) for ``example_inputs`` now, once per job.
 
+    So that N ranks (or processes) pay for one compile, not N: one compiles, the others restore.
     ``example_inputs``: a tuple/list (positional), a dict (keywords) or one tensor, shaped like
-    the job's real batches. ``train``: default ``model.training``; inference runs under
-    ``torch.no_grad()``, training runs forward and backward; the model's modes, grads, buffers
-    and RNG state are left as they were. In a distributed job (every rank must call it, outside
-    any forward) one rank per key compiles and the others restore (see the module docstring for
-    ``mode``). ``barrier``: wait until every rank is done, so warm ranks don't race ahead.
-    ``timeout``: seconds any wait may last (for the other ranks to arrive, for the compiling
-    rank, for a lock whose holder is alive, for the barrier; default
-    ``COMPILE_CACHE_WAIT_TIMEOUT`` or 1800); past it a rank compiles itself / goes on. Needs the
-    job's c10d store (raises :class:`~compile_cache.errors.DistributedSetupError` without one),
-    except with ``mode="off", barrier=False``. Outside a distributed job, a process that compiles
-    holds the store's lock of the key, so a second process warming the same key waits for it
-    (while its heartbeat is fresh) and restores instead of compiling again.
+    the job's real batches. ``train``: default ``model.training`` (inference under
+    ``torch.no_grad()``, training forward and backward); the model's modes, grads, buffers and
+    RNG state are left as they were. ``mode``: ``shared``, ``broadcast`` or ``off``.
+    ``barrier``: wait until every rank is done, so warm ranks don't race ahead. ``timeout``:
+    seconds any wait may last (default ``COMPILE_CACHE_WAIT_TIMEOUT`` or 1800).
+
+    Every rank must call it, outside any forward; the protocol, the waits and what a process
+    outside a distributed job does: the module doc of :mod:`compile_cache.distributed.protocol`.
     """
     target = _unwrap(model)
     session = session_for(target)

@@ -74,6 +74,10 @@ def _warn_if_nothing_compiles(accelerator: Any) -> None:
     )
 
 
+#: Marks the wrappers this module put on ``Accelerator`` (read back to unwrap them).
+_MARK = "_compile_cache_checked"
+
+
 def _checked(method: Any) -> Any:
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         _warn_if_nothing_compiles(self)
@@ -81,7 +85,7 @@ def _checked(method: Any) -> Any:
 
     prepare.__wrapped__ = method  # type: ignore[attr-defined]
     prepare.__name__, prepare.__doc__ = method.__name__, method.__doc__
-    prepare._compile_cache_checked = True  # type: ignore[attr-defined]
+    setattr(prepare, _MARK, True)
     return prepare
 
 
@@ -104,7 +108,7 @@ def install(*, fsdp2: bool = False) -> None:
             logger.info("compile_cache: accelerate.accelerator.%s now uses compile_cache", name)
         for name in _PREPARE_METHODS:
             current = getattr(acc.Accelerator, name)
-            if not getattr(current, "_compile_cache_checked", False):
+            if not getattr(current, _MARK, False):
                 _SAVED[f"Accelerator.{name}"] = current
                 setattr(acc.Accelerator, name, _checked(current))
 
@@ -117,7 +121,7 @@ def uninstall() -> None:
         for name, original in list(_SAVED.items()):
             if name.startswith("Accelerator."):
                 method = name.split(".", 1)[1]
-                if getattr(getattr(acc.Accelerator, method), "_compile_cache_checked", False):
+                if getattr(getattr(acc.Accelerator, method), _MARK, False):
                     setattr(acc.Accelerator, method, original)
             elif getattr(acc, name, None) is _accelerate_compile_regions:
                 setattr(acc, name, original)

@@ -44,7 +44,6 @@ from .base import DEFAULT_STALE_AFTER, LOCAL_NAMESPACE, BaseLock, LockHolder, No
 from .fcntl_lock import FcntlLock, FlockLock
 from .mkdir_lock import MkdirLock
 from .modes import LOCK_MODES, NETWORK_FILESYSTEMS, filesystem_type, lock_mode_for
-from .modes import _reset as _reset_modes
 from .scan import break_stale_lock, is_stale
 
 __all__ = [
@@ -126,8 +125,3 @@ def optional_lock(lock: BaseLock, timeout: float | None = ...) -> Iterator[bool]
         yield True
     finally:
         lock.release()
-
-
-def _reset() -> None:
-    """Forget the filesystems where fcntl raised ENOLCK (tests)."""
-    _reset_modes()

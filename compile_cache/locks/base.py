@@ -2,9 +2,11 @@
 logging, and a per-path threading guard.
 
 A strategy (``fcntl_lock``, ``mkdir_lock``, :class:`NoLock`) implements three steps: take the
-lock on disk once without waiting (:meth:`BaseLock._try_once`), refresh the holder record while
-held (:meth:`BaseLock._refresh`) and release it (:meth:`BaseLock._release_on_disk`).
-:class:`BaseLock` does the rest: wait up to the timeout (and, with ``wait_alive``, past it while
+lock on disk once without waiting (:meth:`BaseLock.try_once`), refresh the holder record while
+held (:meth:`BaseLock.refresh`) and release it (:meth:`BaseLock.release_on_disk`). The steps are
+public: a strategy may stand in for another (fcntl's lock hands them to its mkdir fallback after
+``ENOLCK``), and the heartbeat thread calls :meth:`BaseLock.beat`; callers take the lock with
+:meth:`BaseLock.acquire`, never with a bare step. :class:`BaseLock` does the rest: wait up to the timeout (and, with ``wait_alive``, past it while
 the holder's heartbeat is fresh), log who holds it every ``wait_log_interval`` seconds, raise
 :class:`LockTimeoutError` naming the holder, and keep two threads of one process apart (fcntl
 locks belong to the process, not the thread).
@@ -223,7 +225,7 @@ class _Heartbeat:
                     self._due[lock] = now + lock.heartbeat_interval
             for lock in due:
                 try:
-                    kept = lock._beat()
+                    kept = lock.beat()
                 except OSError as exc:  # a slow or flaky filesystem: try again next time
                     logger.debug("could not refresh lock %s: %s", lock.path, exc)
                     continue
@@ -295,15 +297,15 @@ class BaseLock:
         self._io = threading.Lock()  # the heartbeat thread and release never touch disk at once
 
     # -- what a strategy implements ------------------------------------------------------------
-    def _try_once(self) -> bool:
+    def try_once(self) -> bool:
         """Take the lock on disk if it is free now; never waits."""
         raise NotImplementedError
 
-    def _release_on_disk(self) -> None:
+    def release_on_disk(self) -> None:
         """Give the lock on disk back (called only while held)."""
         raise NotImplementedError
 
-    def _refresh(self) -> bool:
+    def refresh(self) -> bool:
         """Rewrite the holder record with a heartbeat now; False if the lock is no longer ours."""
         return True
 
@@ -327,11 +329,6 @@ class BaseLock:
         """Seconds between two refreshes of the holder record: a tenth of the stale age, >= 1 s."""
         return max(1.0, self.stale_after / 10.0)
 
-    def holder_is_fresh(self) -> bool:
-        """Whether the lock's holder shows signs of life: a heartbeat younger than the stale age,
-        and (when knowable here) a running process."""
-        return self._is_fresh(self.holder())
-
     def _is_fresh(self, holder: LockHolder | None) -> bool:
         if holder is None or holder.is_alive() is False:
             return False
@@ -342,12 +339,12 @@ class BaseLock:
         record = self.path / OWNER_FILE if self.path.is_dir() else self.path
         return holder.age == math.inf and unchanged_for(record) <= self.stale_after
 
-    def _beat(self) -> bool:
+    def beat(self) -> bool:
         """One heartbeat (the heartbeat thread); False when the lock is no longer ours."""
         with self._io:
             if not self._held:
                 return True
-            return self._refresh()
+            return self.refresh()
 
     def acquire(self, timeout: float | None = ...) -> BaseLock:  # type: ignore[assignment]
         """Take the lock, waiting up to ``timeout`` seconds (default: the constructor's)."""
@@ -382,7 +379,7 @@ class BaseLock:
         next_log = started + self.wait_log_interval
         unrecorded_since: float | None = None  # when the holder's record was first seen missing
         while True:
-            if self._try_once():
+            if self.try_once():
                 return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -452,7 +449,7 @@ class BaseLock:
         try:
             with self._io:
                 self._held = False
-                self._release_on_disk()
+                self.release_on_disk()
         finally:
             if self._local is not None:
                 local, self._local = self._local, None
@@ -485,8 +482,8 @@ class NoLock(BaseLock):
         self.waited, self.waited_past_timeout = 0.0, False
         return self
 
-    def _try_once(self) -> bool:
+    def try_once(self) -> bool:
         return True
 
-    def _release_on_disk(self) -> None:
+    def release_on_disk(self) -> None:
         return None

@@ -46,9 +46,9 @@ class FcntlLock(BaseLock):
     def _unlock(self, fd: int) -> None:
         fcntl.lockf(fd, fcntl.LOCK_UN)
 
-    def _try_once(self) -> bool:
+    def try_once(self) -> bool:
         if self._fallback is not None:
-            return self._fallback._try_once()
+            return self._fallback.try_once()
         path = self.path
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), self.file_mode)
@@ -103,11 +103,11 @@ class FcntlLock(BaseLock):
             wait_alive=self.wait_alive,
         )
         self.mode, self.reason = "mkdir", reason
-        return self._fallback._try_once()
+        return self._fallback.try_once()
 
-    def _refresh(self) -> bool:
+    def refresh(self) -> bool:
         if self._fallback is not None:
-            return self._fallback._refresh()
+            return self._fallback.refresh()
         if self._fd is None:
             return True
         record = self._new_holder()
@@ -115,9 +115,9 @@ class FcntlLock(BaseLock):
         os.ftruncate(self._fd, len(record))
         return True
 
-    def _release_on_disk(self) -> None:
+    def release_on_disk(self) -> None:
         if self._fallback is not None:
-            self._fallback._release_on_disk()
+            self._fallback.release_on_disk()
             return
         if self._fd is None:
             return

@@ -35,7 +35,7 @@ class MkdirLock(BaseLock):
         super().__init__(base, **options)  # type: ignore[arg-type]
         self._owner: LockHolder | None = None
 
-    def _try_once(self) -> bool:
+    def try_once(self) -> bool:
         path = self.path
         try:
             os.mkdir(path, self.dir_mode)
@@ -66,7 +66,7 @@ class MkdirLock(BaseLock):
         except OSError as exc:  # informative only; an owner-less lock goes stale after a minute
             logger.debug("could not record lock owner in %s: %s", path, exc)
 
-    def _refresh(self) -> bool:
+    def refresh(self) -> bool:
         path = self.path
         if not path.is_dir():
             return False  # broken (renamed aside) by a waiter that found it stale
@@ -78,7 +78,7 @@ class MkdirLock(BaseLock):
         atomic_write(path / OWNER_FILE, self._owner.encode(), mode=self.file_mode, fsync=False)
         return True
 
-    def _release_on_disk(self) -> None:
+    def release_on_disk(self) -> None:
         path = self.path
         try:
             with open(path / OWNER_FILE, "rb") as fh:

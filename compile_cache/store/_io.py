@@ -7,15 +7,13 @@ import json
 import logging
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from .. import _warnings
 from .._paths import check_key
-from ..errors import UnsafePathError
+from .._warnings import warn
 
 logger = logging.getLogger("compile_cache")
 
@@ -43,7 +41,7 @@ def warn_once(root: Path, what: str, message: str) -> None:
     if (str(root), what) in _warned:
         return
     _warned.add((str(root), what))
-    _warnings.warn(message, StoreWarning)
+    warn(message, StoreWarning)
 
 
 def torch_version() -> str:
@@ -62,28 +60,6 @@ def torch_version() -> str:
 def errno_name(exc: BaseException) -> str:
     code = getattr(exc, "errno", None)
     return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
-
-
-def open_nofollow(path: Path) -> BinaryIO:
-    """Open a regular file for reading without following a symlink at ``path`` (a planted link
-    is refused: :class:`UnsafePathError`), unbuffered."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symlink") from exc
-        raise
-    fh = os.fdopen(fd, "rb", buffering=0)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        fh.close()
-        raise UnsafePathError(f"{path} is not a regular file")
-    return fh  # type: ignore[return-value]
-
-
-def read_nofollow(path: Path, limit: int | None = None) -> bytes:
-    """Read a regular file without following a symlink at ``path`` (a planted link is refused)."""
-    with open_nofollow(path) as fh:
-        return fh.read() if limit is None else fh.read(limit)
 
 
 def json_depth_ok(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -115,17 +91,6 @@ def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, what: str =
     if (data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH) and not json_depth_ok(data):
         raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return value
-
-
-def read_json_file(path: Path) -> tuple[dict[str, Any] | None, bool]:
-    """(data, garbage): ``(None, False)`` if absent, ``(None, True)`` if unreadable as a JSON object."""
-    try:
-        raw = read_nofollow(path, MAX_JSON_BYTES + 1)
-    except FileNotFoundError:
-        return None, False
-    except (OSError, UnsafePathError):
-        return None, True
-    return json_object(raw)
 
 
 def json_object(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
@@ -183,6 +148,6 @@ def make_dirs(path: Path, anchor: Path | None, dir_mode: int) -> None:
             os.chmod(directory, dir_mode)
 
 
-def _reset() -> None:
+def reset_warnings() -> None:
     """Forget which one-time warnings were shown (tests)."""
     _warned.clear()

@@ -21,7 +21,7 @@ import tarfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from .._paths import HOSTNAME, check_key, check_member_name
 from .._sizes import format_size
@@ -38,10 +38,8 @@ from .pack import (
     SignatureMismatchError,
     check_prefix,
 )
+from .parts import StoreParts
 from .records import ImportReport
-
-if TYPE_CHECKING:
-    from .core import Store
 
 __all__ = ["export", "import_archive"]
 
@@ -51,12 +49,12 @@ MANIFEST = "manifest.json"
 MAX_ARCHIVE_MEMBERS = 100_000
 
 
-def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
+def export(parts: StoreParts, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
     """See :meth:`Store.export`."""
-    layout = store.layout
+    fs, layout, keeper = parts.fs, parts.layout, parts.keeper
     wanted = None if keys is None else key_list(keys)
     if wanted is not None:
-        missing = [k for k in wanted if not store.fs.is_dir(layout.entry_dir(k))]
+        missing = [k for k in wanted if not fs.is_dir(layout.entry_dir(k))]
         if missing:
             raise StoreError(f"no such cache entries: {', '.join(missing)}")
     target = Path(path)
@@ -70,28 +68,28 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
                         "created": time.time(), "host": HOSTNAME, "keys": selected}
             _tar_add(tar, MANIFEST, json_bytes(manifest))
             for key in selected:
-                meta, _garbage = store.fs.read_json(layout.entry_json(key))
+                meta, _garbage = fs.read_json(layout.entry_json(key))
                 if meta is not None:
                     _tar_add(tar, f"entries/{key}/entry.json", json_bytes(meta))
                 for pack_path in layout.pack_paths(key):
                     try:
-                        fh = store.fs.open_read(pack_path)
+                        fh = fs.open_read(pack_path)
                     except FileNotFoundError:
                         continue
                     except UnsafeStorePathError as exc:  # a link or a FIFO planted there
                         if exc.reason == "type" or exc.reason == "link":
-                            store._corrupt(pack_path, key, exc)
+                            keeper.corrupt(pack_path, key, exc)
                         continue
                     except OSError as exc:
-                        store._io_error("read", exc, pack_path)
+                        keeper.io_error("read", exc, pack_path)
                         continue
                     with fh:  # checked, then streamed from the same open file: never read whole
                         try:
-                            checked = store._check_pack(pack_path, fh, key, close=False)
+                            checked = parts.checker.check(fh, key, close=False)
                         except (IncompatiblePackError, SignatureMismatchError):
                             continue  # another version's, or another key's: not ours to carry
                         except CorruptPackError as exc:
-                            store._corrupt(pack_path, key, exc)
+                            keeper.corrupt(pack_path, key, exc)
                             continue
                         fh.seek(0)
                         _tar_add_file(tar, f"entries/{key}/packs/{pack_path.name}", fh, checked.size)
@@ -103,8 +101,8 @@ def export(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | Non
     return count
 
 
-def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
-    """See :meth:`Store.import_archive`.
+def import_archive(parts: StoreParts, max_size: int, path: str | os.PathLike[str]) -> ImportReport:
+    """See :meth:`Store.import_archive` (``max_size``: the store's cap, 0 for none).
 
     One pass over the archive (a ``.tar.gz`` is never decompressed twice): each member's type,
     name and declared size are checked first (a pack over ``COMPILE_CACHE_MAX_PACK_SIZE``, or an
@@ -114,68 +112,69 @@ def import_archive(store: Store, path: str | os.PathLike[str]) -> ImportReport:
     passed are the packs moved into place.
     """
     path = Path(path)
-    limits = store.limits
-    total_limit = store.max_size or None
-    staging = store.layout.tmp_dir / f"import-{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}"
-    store._mkdirs(staging)
-    staged: list[tuple[str, str, Path]] = []  # (kind, member name, staged file)
-    keys: list[str] = []
-    declared = 0
+    staging = parts.layout.tmp_dir / f"import-{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}"
+    parts.fs.mkdirs(staging)
     try:
         try:
-            with tarfile.open(path, "r:*") as tar:
-                seen = 0
-                for member in tar:
-                    tar.members = []  # streamed: tarfile would keep every member's info
-                    seen += 1
-                    if seen > MAX_ARCHIVE_MEMBERS:
-                        raise CorruptPackError(f"archive {path} has more than {MAX_ARCHIVE_MEMBERS} "
-                                               "members; refused")
-                    _check_tar_member(member)
-                    declared += max(member.size, tarfile.BLOCKSIZE)  # a directory costs a block too
-                    if total_limit is not None and declared > total_limit:
-                        raise CorruptPackError(
-                            f"archive {path} holds more than the store's size cap of "
-                            f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
-                            f"{member.name!r}"
-                        )
-                    if member.isdir():
-                        continue
-                    kind, limit = _classify(member.name, limits.max_pack_size)
-                    if member.size > limit:
-                        raise CorruptPackError(
-                            f"archive member {member.name!r} declares {format_size(member.size)}, over "
-                            f"the limit of {format_size(limit)}"
-                            + (" (COMPILE_CACHE_MAX_PACK_SIZE)" if kind.startswith("pack:") else "")
-                        )
-                    if total_limit is not None and declared > total_limit:
-                        raise CorruptPackError(
-                            f"archive {path} holds more than the store's size cap of "
-                            f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
-                            f"{member.name!r}"
-                        )
-                    target = staging / f"{len(staged):06d}"
-                    fh = tar.extractfile(member)
-                    _copy_bounded(fh, store.fs.create(target, store.file_mode), member.size,
-                                  limits if kind.startswith("pack:") else None)
-                    _validate_staged(store, member.name, kind, target)
-                    key = kind.split(":", 1)[1] if ":" in kind else None
-                    if key is not None and key not in keys:
-                        keys.append(key)
-                    staged.append((kind, member.name, target))
+            staged, keys = _stage(parts, path, staging, max_size or None)
         except tarfile.TarError as exc:
             raise CorruptPackError(f"{path} is not a readable tar archive: {exc}") from exc
         # Everything checked: now move the staged files into place.
         report = ImportReport(keys=keys)
         for kind, name, staged_file in staged:
             if kind != "manifest":
-                _import_member(store, name, kind, staged_file, report)
+                _import_member(parts, name, kind, staged_file, report)
     finally:
         with contextlib.suppress(OSError):
-            store.fs.rmtree(staging)
+            parts.fs.rmtree(staging)
     if report.packs_added:
-        recount_size(store)  # what an import adds is counted by one walk
+        recount_size(parts)  # what an import adds is counted by one walk
     return report
+
+
+def _stage(parts: StoreParts, path: Path, staging: Path,
+           total_limit: int | None) -> tuple[list[tuple[str, str, Path]], list[str]]:
+    """Copy every member of the archive at ``path`` into ``staging``, each checked (type, name,
+    declared size, then its content): ``(staged (kind, member name, file), keys)``."""
+    limits = parts.checker.limits
+    staged: list[tuple[str, str, Path]] = []
+    keys: list[str] = []
+    declared = 0
+    with tarfile.open(path, "r:*") as tar:
+        seen = 0
+        for member in tar:
+            tar.members = []  # streamed: tarfile would keep every member's info
+            seen += 1
+            if seen > MAX_ARCHIVE_MEMBERS:
+                raise CorruptPackError(f"archive {path} has more than {MAX_ARCHIVE_MEMBERS} "
+                                       "members; refused")
+            _check_tar_member(member)
+            declared += max(member.size, tarfile.BLOCKSIZE)  # a directory costs a block too
+            if total_limit is not None and declared > total_limit:
+                raise CorruptPackError(
+                    f"archive {path} holds more than the store's size cap of "
+                    f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
+                    f"{member.name!r}"
+                )
+            if member.isdir():
+                continue
+            kind, limit = _classify(member.name, limits.max_pack_size)
+            if member.size > limit:
+                raise CorruptPackError(
+                    f"archive member {member.name!r} declares {format_size(member.size)}, over "
+                    f"the limit of {format_size(limit)}"
+                    + (" (COMPILE_CACHE_MAX_PACK_SIZE)" if kind.startswith("pack:") else "")
+                )
+            target = staging / f"{len(staged):06d}"
+            fh = tar.extractfile(member)
+            _copy_bounded(fh, parts.fs.create(target), member.size,
+                          limits if kind.startswith("pack:") else None)
+            _validate_staged(parts, member.name, kind, target)
+            key = kind.split(":", 1)[1] if ":" in kind else None
+            if key is not None and key not in keys:
+                keys.append(key)
+            staged.append((kind, member.name, target))
+    return staged, keys
 
 
 def _classify(name: str, max_pack_size: int) -> tuple[str, int]:
@@ -218,10 +217,10 @@ def _copy_bounded(
             remaining -= len(data)
 
 
-def _validate_staged(store: Store, name: str, kind: str, staged: Path) -> None:
+def _validate_staged(parts: StoreParts, name: str, kind: str, staged: Path) -> None:
     if kind in ("manifest",) or kind.startswith("entry:"):
         try:
-            ok = isinstance(parse_json(store.fs.read(staged, MAX_JSON_BYTES + 1)), dict)
+            ok = isinstance(parse_json(parts.fs.read(staged, MAX_JSON_BYTES + 1)), dict)
         except (ValueError, OSError):
             ok = False
         if not ok:
@@ -229,8 +228,7 @@ def _validate_staged(store: Store, name: str, kind: str, staged: Path) -> None:
             raise CorruptPackError(f"{what} is not a JSON object")
         return
     key = kind.split(":", 1)[1]
-    fh = store.fs.open_read(staged)
-    checked = store._check_pack(staged, fh, key)  # limits, checksum, signature, members
+    checked = parts.checker.check(parts.fs.open_read(staged), key)  # limits, checksum, signature, members
     try:
         if checked.content_hash() != name.rsplit("/", 1)[1][:-5]:
             raise CorruptPackError(f"archive member {name!r}: name does not match its content")
@@ -238,18 +236,19 @@ def _validate_staged(store: Store, name: str, kind: str, staged: Path) -> None:
         checked.close()
 
 
-def _import_member(store: Store, name: str, kind: str, staged: Path, report: ImportReport) -> None:
+def _import_member(parts: StoreParts, name: str, kind: str, staged: Path, report: ImportReport) -> None:
+    fs, layout = parts.fs, parts.layout
     key = kind.split(":", 1)[1]
-    store._mkdirs(store.layout.packs_dir(key))
+    fs.mkdirs(layout.packs_dir(key))
     if kind.startswith("entry:"):
-        store._write_entry_json(store.layout.entry_dir(key), store.fs.read(staged, MAX_JSON_BYTES))
+        parts.keeper.write_entry_json(layout.entry_dir(key), fs.read(staged, MAX_JSON_BYTES))
         return
-    target = store.layout.packs_dir(key) / name.rsplit("/", 1)[1]
-    if store.fs.exists(target):
+    target = layout.packs_dir(key) / name.rsplit("/", 1)[1]
+    if fs.exists(target):
         report.packs_present += 1
         return
-    store.fs.rename(staged, target)  # same filesystem (v1/tmp): atomic, a reader sees all or nothing
-    store._touch_used(key)
+    fs.rename(staged, target)  # same filesystem (v1/tmp): atomic, a reader sees all or nothing
+    parts.keeper.touch_used(key)
     report.packs_added += 1
 
 

@@ -1,4 +1,4 @@
-"""The store itself: where it is, publish and load, entries, quarantine, locks.
+"""The store: the public face over a local store, or a local tier and object storage.
 
 Every file is written under a unique temp name beside its target (host-pid-random), fsynced and
 ``os.replace``\\ d: a reader sees a whole file or none. Packs are never modified, only added or
@@ -7,46 +7,48 @@ avoid duplicate work. A pack that fails a check is a miss (counted, quarantined)
 and an I/O error while publishing (``ENOSPC``, ``EACCES``, ``EROFS``) is a warning and a counted
 error, never an exception in the training job.
 
-The pack format is :mod:`.pack`, the paths :mod:`.layout`, the counters :mod:`.stats`,
-eviction and verify :mod:`.maintenance`, export/import :mod:`.archive`, and the location and
-permission checks :mod:`.safety`; :class:`Store` ties them together with its public methods.
+:class:`Store` builds the store's parts (:class:`~.parts.StoreParts`: the file layer
+:mod:`.fs`, the paths :mod:`.layout`, the counters :mod:`.counters`, the pack checks
+:mod:`.checker`, the entries' upkeep :mod:`.keeper`) and hands each operation to a
+:class:`~.local.LocalStore`, or for a URL to a :class:`~.tiered.TieredStore` (the local store
+plus the objects under the URL, :mod:`.remote`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._paths import HOSTNAME, check_key
-from .._sizes import parse_age, parse_size
+from .._paths import check_key
+from .._sizes import parse_size
 from ..errors import StoreError
-from ..locks import BaseLock, lock_mode_for, make_lock
-from . import archive, loading, maintenance, publishing, stats
-from ._io import (
-    check_seconds,
-    errno_name,
-    key_list,
-    make_dirs,
-    torch_version,
-    warn_once,
-)
+from ..locks import BaseLock, lock_mode_for
+from ._io import check_seconds
+from .checker import PackChecker
+from .counters import Counters
 from .fs import StoreFS
 from .layout import Layout
-from .pack import FORMAT_VERSION, PackLimits, signer_id
-from .reader import CheckedPack
-from .records import CompactReport, EntryInfo, ImportReport, Pack, PackInfo, VerifyReport
-from .remote import remote_location
+from .local import LocalStore
+from .maintenance import ORPHAN_AGE
+from .pack import PackLimits
+from .parts import StoreParts
+from .records import (
+    CompactReport,
+    EntryInfo,
+    EvictionPlan,
+    ImportReport,
+    Pack,
+    PackInfo,
+    VerifyReport,
+)
+from .remote import RemoteTier, remote_location
 from .safety import check_tree, resolve_location
+from .tiered import TieredStore
 
 __all__ = ["DEFAULT_MAX_SIZE", "Store"]
-
-logger = logging.getLogger("compile_cache")
 
 #: Default size cap (``COMPILE_CACHE_MAX_SIZE`` overrides; ``0`` means no cap).
 DEFAULT_MAX_SIZE: int = config.MAX_SIZE.default
@@ -78,128 +80,121 @@ class Store:
             raise TypeError(f"signing_key must be bytes, str or None, "
                             f"got {type(signing_key).__name__}")
         #: On object storage (``s3://...``): its objects, ``root`` its local tier (:mod:`.remote`).
+        self.remote: RemoteTier | None
         self.remote, path, source = remote_location(path)
         self.root, self.location_source = resolve_location(path)
         self.location_source = source or self.location_source  # location: as shown, no credentials
         self.location: str = self.remote.display if self.remote else str(self.root)
         self.shared_group: bool = config.SHARED.value()
-        self.dir_mode, self.file_mode = (0o2775, 0o664) if self.shared_group else (0o700, 0o600)
-        self.max_size = (config.MAX_SIZE.value() if max_size is None
-                         else parse_size(max_size, name="max_size"))
+        cap = config.MAX_SIZE.value() if max_size is None else parse_size(max_size, name="max_size")
         if signing_key is None:
             signing_key = config.SIGNING_KEY.value()
-        self.signing_key: bytes | None = (signing_key.encode() if isinstance(signing_key, str)
-                                          else signing_key) or None
-        #: The id packs signed with this store's key carry (None without a key).
-        self.signer: str | None = signer_id(self.signing_key)
-        #: The bounds a pack must stay within (COMPILE_CACHE_MAX_PACK_SIZE, ...).
-        self.limits: PackLimits = PackLimits.from_config()
+        key = (signing_key.encode() if isinstance(signing_key, str) else signing_key) or None
+        checker = PackChecker(PackLimits.from_config(), key)
         self.lock_mode, self.lock_reason = lock_mode_for(self.root)
-        #: Every file operation in the store (:mod:`.fs`: no link inside the store is followed).
-        self.fs = StoreFS(self.root, self.shared_group)
-        #: Every path of the store (``v1/entries/...``, ``stats/``, ``locks/``, ...).
-        self.layout = Layout(self.root, self.fs)
-        self.base = self.layout.base
-        self.entries_dir = self.layout.entries_dir
-        self.stats_dir = self.layout.stats_dir
-        self.tmp_dir = self.layout.tmp_dir
-        self.quarantine_dir = self.layout.quarantine_dir
-        self.locks_dir = self.layout.locks_dir
-        self._pending: dict[str, Any] = {}
-        self.read_only_reason: str | None = None
-        if read_only is None:
-            read_only = config.READ_ONLY.value()
-            if read_only:
-                self.read_only_reason = "COMPILE_CACHE_READ_ONLY is set"
-        elif read_only:
-            self.read_only_reason = "read_only=True"
-        self.read_only: bool = bool(read_only)
+        #: Every file operation in the store (:mod:`.fs`: no link inside the store is followed),
+        #: its modes and read-only state.
+        self.fs = StoreFS(self.root, self.shared_group, lock_mode=self.lock_mode)
+        self.dir_mode, self.file_mode = self.fs.dir_mode, self.fs.file_mode
+        self._read_only_from(read_only)
+        self._open_root()
+        #: The store's collaborators: paths, counters, pack checks, entries' upkeep.
+        self.parts = StoreParts.build(self.fs, checker)
+        local = LocalStore(self.parts, location_source=self.location_source, max_size=cap)
+        self._local = local
+        self._ops: LocalStore | TieredStore = (local if self.remote is None
+                                               else TieredStore(local, self.remote))
+        self._check_layout()
 
+    def _read_only_from(self, read_only: bool | None) -> None:
+        """The read-only state asked for (the argument, else ``COMPILE_CACHE_READ_ONLY``)."""
+        if read_only is None:
+            if config.READ_ONLY.value():
+                self.fs.set_read_only("COMPILE_CACHE_READ_ONLY is set")
+        elif read_only:
+            self.fs.set_read_only("read_only=True")
+
+    def _open_root(self) -> None:
+        """Check the root (a directory, or made now) and go read-only where it cannot be written."""
         # os.path's checks, not Path's: an unsearchable parent must not raise PermissionError here.
         if os.path.lexists(self.root) and not os.path.isdir(self.root):
             raise StoreError(f"compile cache location {self.root} exists and is not a directory")
         if not os.path.exists(self.root) and not self.read_only:
             try:
-                self._mkdirs(self.root, anchor=None)
+                self.fs.make_root()
             except OSError as exc:
-                self._go_read_only(f"cannot create {self.root}: {exc.strerror or exc}")
+                self.fs.go_read_only(f"cannot create {self.root}: {exc.strerror or exc}")
+
+    def _check_layout(self) -> None:
+        """Check the root and every layout dir (trusted, no link), and make the missing ones."""
+        layout = self.layout
         # The root (symlinks resolved, each ours), every layout dir (no link: refused at use too).
         check_tree(self.root, (), self.shared_group)
-        self.fs.check_dirs((self.base, *self.layout.dirs))
+        self.fs.check_dirs((layout.base, *layout.dirs))
         if os.path.isdir(self.root) and not os.access(self.root, os.R_OK | os.X_OK):
-            self._go_read_only(f"{self.root} is not readable by this user")
-        if not self.read_only:
-            if not os.access(self.root, os.W_OK | os.X_OK) or (
-                self.base.exists() and not os.access(self.base, os.W_OK | os.X_OK)
-            ):
-                self._go_read_only(f"{self.root} is not writable by this user")
-            else:
-                try:
-                    self.fs.make_dirs(self.layout.dirs, self.dir_mode)
-                except OSError as exc:
-                    self._go_read_only(f"cannot write in {self.root}: {exc.strerror or exc}")
+            self.fs.go_read_only(f"{self.root} is not readable by this user")
+        if self.read_only:
+            return
+        if not os.access(self.root, os.W_OK | os.X_OK) or (
+            layout.base.exists() and not os.access(layout.base, os.W_OK | os.X_OK)
+        ):
+            self.fs.go_read_only(f"{self.root} is not writable by this user")
+            return
+        try:
+            self.fs.make_dirs(layout.dirs)
+        except OSError as exc:
+            self.fs.go_read_only(f"cannot write in {self.root}: {exc.strerror or exc}")
 
-    # -- plumbing --------------------------------------------------------------------------------
+    # -- what the store is -----------------------------------------------------------------------
     def __repr__(self) -> str:
         ro = ", read_only" if self.read_only else ""
         return f"Store({self.location!r}, source={self.location_source}{ro})"
 
-    def _go_read_only(self, reason: str) -> None:
-        # Logged only: the one user-visible warning comes with the first skipped publish.
-        self.read_only = True
-        self.read_only_reason = reason
-        logger.info("compile cache %s is read-only: %s", self.root, reason)
+    @property
+    def layout(self) -> Layout:
+        """Every path of the store (``v1/entries/...``, ``stats/``, ``locks/``, ...)."""
+        return self.parts.layout
 
-    def _require_writable(self, what: str) -> None:
-        if self.read_only:
-            raise StoreError(f"cannot {what}: compile cache {self.root} is read-only ({self.read_only_reason})")
+    @property
+    def counters(self) -> Counters:
+        """The store's counters (:mod:`.counters`)."""
+        return self.parts.counters
 
-    def _mkdirs(self, path: Path, anchor: Path | None = ...) -> None:  # type: ignore[assignment]
-        """Create ``path`` and missing parents below ``anchor`` (default: the store root, and then
-        never through a link inside it) with our mode."""
-        if anchor is ... or anchor == self.root:
-            self.fs.mkdirs(path, self.dir_mode)
-        else:
-            make_dirs(path, anchor, self.dir_mode)
+    @property
+    def read_only(self) -> bool:
+        """Whether the store is read-only (``read_only_reason`` says why)."""
+        return self.fs.read_only
 
-    def _io_error(self, what: str, exc: BaseException, path: Path | None = None) -> None:
-        kind = errno_name(exc)
-        where = f" ({path})" if path else ""
-        warn_once(self.root, f"io-{what}-{kind}",
-                  f"compile cache: could not {what}{where}: {kind}: {exc}; going on without caching it")
-        self._bump(errors=1, errors_by_kind={kind: 1})
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the store is read-only (None while it is writable)."""
+        return self.fs.read_only_reason
 
-    def _write(self, target: Path, data: Any, *, exclusive: bool = False, fsync: bool = True) -> bool:
-        return self.fs.write(target, data, mode=self.file_mode, exclusive=exclusive, fsync=fsync)
+    @property
+    def max_size(self) -> int:
+        """The size cap in bytes (0: none)."""
+        return self._local.max_size
 
-    def _touch_used(self, key: str) -> None:
-        """Mark ``key`` used now (LRU): the ``used`` file's mtime, created with the store's mode."""
-        if self.read_only:
-            return
-        if self.remote is not None:
-            self.remote.record_use(self, key)
-        used = self.layout.used_file(key)
-        try:
-            self.fs.touch(used, self.file_mode)
-        except PermissionError:
-            # Another member's file without group write (an older store): replace it by ours.
-            with contextlib.suppress(OSError):
-                self._write(used, b"", fsync=False)
-        except OSError:
-            pass
+    @max_size.setter
+    def max_size(self, value: int) -> None:
+        self._local.max_size = value
 
-    def _lock_at(self, base: Path, timeout: float | None, wait_alive: float | None = None) -> BaseLock:
-        """A lock under this store's locks dir, with its mode, permissions and stale age."""
-        usable = self.fs.is_dir(self.layout.locks_dir)  # a link there: no lock (never needed)
-        return make_lock(base, mode=self.lock_mode if usable else "none", timeout=timeout,
-                         stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
-                         dir_mode=self.dir_mode, file_mode=self.file_mode)
+    @property
+    def signing_key(self) -> bytes | None:
+        """The key packs are signed and checked with (None: unsigned)."""
+        return self.parts.checker.signing_key
 
-    # -- counters (compile_cache.store.stats) ------------------------------------------------------
-    def _bump(self, **delta: Any) -> None:
-        """Add ``delta`` to the persisted counters; kept in memory and retried if the write fails."""
-        stats.bump(self, delta)
+    @property
+    def signer(self) -> str | None:
+        """The id packs signed with this store's key carry (None without a key)."""
+        return self.parts.checker.signer
 
+    @property
+    def limits(self) -> PackLimits:
+        """The bounds a pack must stay within (COMPILE_CACHE_MAX_PACK_SIZE, ...)."""
+        return self.parts.checker.limits
+
+    # -- counters (compile_cache.store.counters, .stats) -------------------------------------------
     def record_hit(self, key: str, seconds_saved: float | None = None, nbytes: int = 0) -> None:
         """Count a hit (restored, compiled nothing new); ``seconds_saved`` defaults to the compile
         seconds recorded in the key's packs. Marks ``key`` used."""
@@ -213,35 +208,30 @@ class Store:
                        seconds_saved: float | None = None, nbytes: int = 0) -> None:
         """Count a start as ``hit``, ``partial``, ``miss`` or ``local`` (see
         :mod:`compile_cache.store.stats`); ``previous``: what it was counted as before."""
-        check_key(key)
-        seconds_saved = None if seconds_saved is None else float(seconds_saved)
-        if outcome in ("hit", "partial"):
-            self._touch_used(key)
-        stats.record_outcome(self, key, outcome, previous=previous,
-                             seconds_saved=seconds_saved, nbytes=nbytes)
+        self._ops.record_outcome(key, outcome, previous=previous, seconds_saved=seconds_saved,
+                                 nbytes=nbytes)
 
     def record_error(self, kind: str) -> None:
         """Count an error of ``kind`` (e.g. ``"restore"``, ``"ENOSPC"``)."""
-        self._bump(errors=1, errors_by_kind={str(kind): 1})
+        self._ops.record_error(kind)
 
     def record_backend_fallback(self) -> None:
         """Count a fallback from the native fingerprint backend to the reference one."""
-        self._bump(backend_fallbacks=1)
+        self.counters.bump(backend_fallbacks=1)
 
     def record_capture_fallback(self) -> None:
         """Count a capture that diffed the local cache dirs (a torch hook it needs is missing)."""
-        self._bump(capture_fallbacks=1)
+        self.counters.bump(capture_fallbacks=1)
 
     def record_failed_hit(self, key: str) -> None:
         """The hit counted for ``key`` was not one after all (torch could not load what the
         restore put in place): it becomes a miss."""
-        check_key(key)
-        self._bump(hits=-1, misses=1)
+        self._ops.record_failed_hit(key)
 
     def record_lock_fallback(self, exc: BaseException) -> None:
         """Count a lock that could not be taken (timeout, EACCES, ENOLCK): the caller went on
         without it."""
-        self._bump(lock_fallbacks=1, errors_by_kind={f"lock-{errno_name(exc)}": 1})
+        self._ops.record_lock_fallback(exc)
 
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus the store's size, cap and location.
@@ -251,14 +241,11 @@ class Store:
         ``max_size_human``, ``quarantined``, ``location``, ``location_source``, ``read_only``,
         ``read_only_reason``, ``lock_mode``; on object storage also ``local_tier(_size)``.
         """
-        return self.remote.summary(self, stats.summary(self)) if self.remote else stats.summary(self)
+        return self._ops.stats()
 
     def zero_stats(self) -> None:
         """Reset every counter to zero (entries are kept)."""
-        self._require_writable("zero the stats")
-        stats.zero(self, size=maintenance.total_size(self))  # the size counter stays
-        if self.remote is not None:
-            self.remote.zero(self)
+        self._ops.zero_stats()
 
     # -- publish / load --------------------------------------------------------------------------
     def publish(
@@ -285,24 +272,7 @@ class Store:
         May evict least-recently-used entries afterwards to stay under ``max_size`` (by the size
         counter: no walk of the store).
         """
-        info = publishing.publish(self, key, members, metadata, entry_info, compile_seconds, member_info)
-        if self.remote is not None:
-            self.remote.push(self, key)  # also what an earlier publish could not put
-        return info
-
-    def _entry_record(self, key: str, entry_info: Mapping[str, Any] | None) -> dict[str, Any]:
-        record: dict[str, Any] = {"created": time.time(), "torch": torch_version(), "host": HOSTNAME}
-        record.update(entry_info or {})
-        record.update(key=key, format=FORMAT_VERSION)
-        return record
-
-    def _write_entry_json(self, entry: Path, data: bytes) -> int:
-        """Write ``entry.json`` unless a good one exists; the bytes this added to the store."""
-        path = entry / "entry.json"
-        current, garbage = self.fs.read_json(path)
-        if current is not None:
-            return 0
-        return len(data) if self._write(path, data, exclusive=not garbage) and not garbage else 0
+        return self._ops.publish(key, members, metadata, entry_info, compile_seconds, member_info)
 
     def load(self, key: str) -> list[Pack]:
         """Every valid pack of ``key``, oldest first; ``[]`` when there is none.
@@ -324,58 +294,23 @@ class Store:
         (the caller knows whether the restore worked: :meth:`record_hit`, :meth:`record_miss`);
         it marks the entry used.
         """
-        if self.remote is not None:
-            self.remote.fetch(self, check_key(key))
-        return loading.load(self, key)
-
-    def _check_pack(
-        self, path: Path, fh: Any, key: str, labels: Any = None, *, close: bool = True,
-    ) -> CheckedPack:
-        """Every check of one open pack file (see :meth:`load`); the file is closed on failure."""
-        return loading.check_pack(self, fh, key, labels, close=close)
-
-    def _corrupt(self, path: Path, key: str, exc: BaseException) -> None:
-        moved = self._quarantine(path, key)
-        where = f"moved to {moved}" if moved else "left in place (read-only store)"
-        warn_once(self.root, "corrupt", f"compile cache: pack {path} is unusable ({exc}); "
-                   f"treated as a miss and {where}")
-        self._bump(corrupt=1)
-
-    def _quarantine(self, path: Path, key: str) -> Path | None:
-        if self.read_only:
-            return None
-        target = self.layout.quarantine_path(key, path)
-        try:
-            size = self.fs.lstat(path).st_size
-            self._mkdirs(self.quarantine_dir)
-            self.fs.rename(path, target)
-        except OSError:
-            return None
-        self._bump(stored_bytes=-size)
-        return target
+        return self._ops.load(key)
 
     def quarantine(self, pack: PackInfo, reason: str, *, counter: str = "corrupt") -> Path | None:
         """Set ``pack`` aside (a pack its user found unusable: a member restore refused, or a
         library torch could not load): counted under ``counter``, warned once. Returns where it
         went, or None (read-only store, already gone)."""
-        moved = self._quarantine(pack.path, pack.key)
-        where = f"moved to {moved}" if moved else "left in place (read-only store or already gone)"
-        warn_once(self.root, f"quarantine-{counter}",
-                  f"compile cache: pack {pack.path} is unusable ({reason}); treated as a miss and {where}")
-        self._bump(**{counter: 1})
-        return moved
+        return self._ops.quarantine(pack, reason, counter=counter)
 
     def usable(self, pack: PackInfo) -> bool:
         """Whether this store's reader accepts ``pack`` by its signer (from the header only):
         with a signing key only packs signed with it, without one every pack."""
-        if self.signing_key is None:
-            return True
-        return pack.signed and pack.signer in (None, self.signer)
+        return self._ops.usable(pack)
 
     def has(self, key: str) -> bool:
         """Whether ``key`` has at least one pack (unverified: :meth:`load` checks them)."""
         check_key(key)
-        return self.remote.has(self, key) if self.remote else bool(self.layout.pack_paths(key))
+        return self._ops.has(key)
 
     def lock(self, key: str, timeout: float | None = 60.0, wait_alive: float | None = None) -> BaseLock:
         """A lock for ``key`` (``with store.lock(key): ...``): only avoids duplicate compiles.
@@ -383,28 +318,31 @@ class Store:
         Raises :class:`LockTimeoutError` on timeout (``wait_alive``: or later, while the holder's
         heartbeat is fresh), after which callers go on without it. Read-only store: a no-op lock.
         """
-        check_key(key)
-        if self.read_only:
-            return make_lock(self.layout.lock_base(key), mode="none", timeout=timeout)
-        return self._lock_at(self.layout.lock_base(key), timeout, wait_alive)
+        return self._ops.lock(key, timeout, wait_alive)
 
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
         """The :class:`EntryInfo` of ``key``, or ``None`` if it has no entry directory."""
-        if self.remote is not None:  # a remote store: its packs, fetched into the local tier
-            self.remote.fetch(self, check_key(key))
-        return EntryInfo.read(self.layout, check_key(key))
+        return self._ops.entry(key)
 
     def entries(self) -> list[EntryInfo]:
         """Every entry, sorted by key."""
-        out: list[EntryInfo] = self.remote.entries(self) if self.remote else []
-        for key in () if self.remote else self.layout.keys():
-            info = self.entry(key)
-            if info is not None:
-                out.append(info)
-        return out
+        return self._ops.entries()
 
-    # -- maintenance (compile_cache.store.maintenance) --------------------------------------------
+    # -- maintenance (compile_cache.store.maintenance, .verifier) ---------------------------------
+    def plan_eviction(
+        self,
+        max_size: int | str | None = None,
+        older_than: float | str | None = None,
+        keys: Iterable[str] | None = None,
+    ) -> EvictionPlan:
+        """The entries :meth:`evict` would remove, as a frozen plan; ``plan.execute()`` removes
+        exactly those (an entry added after the plan was made is never removed by it).
+
+        The criteria are :meth:`evict`'s. Executing raises :class:`StoreError` on a read-only store.
+        """
+        return self._ops.plan_eviction(max_size, older_than, keys)
+
     def evict(
         self,
         max_size: int | str | None = None,
@@ -420,32 +358,20 @@ class Store:
         packs older than a week. Raises :class:`StoreError` on a read-only store (unless dry run).
         """
         if not dry_run:
-            self._require_writable("evict")
-        if max_size is None and older_than is None and keys is None:
-            if not self.max_size:
-                return []
-            max_size = self.max_size
-        return (self.remote.evict if self.remote else maintenance.evict)(
-            self,
-            None if max_size is None else parse_size(max_size, name="max_size"),
-            None if older_than is None else parse_age(older_than, name="older_than"),
-            None if keys is None else set(key_list(keys)),
-            dry_run,
-        )
+            self.fs.require_writable("evict")
+        plan = self.plan_eviction(max_size, older_than, keys)
+        return list(plan.entries) if dry_run else plan.execute()
 
     def compact(self, keys: Iterable[str] | None = None, dry_run: bool = False) -> list[CompactReport]:
         """Merge each entry's packs (all, or ``keys``) into one holding its current generation."""
-        if not dry_run:
-            self._require_writable("compact")
-        return maintenance.compact_all(self, key_list(keys or self.layout.keys()), dry_run)
+        return self._ops.compact(keys, dry_run)
 
     def clear(self) -> int:
         """Remove every entry and quarantined pack (counters are kept); return entries removed."""
-        self._require_writable("clear")
-        return self.remote.clear(self) if self.remote else maintenance.clear(self)
+        return self._ops.clear()
 
     def verify(
-        self, fix: bool = False, *, temp_age: float = maintenance.ORPHAN_AGE,
+        self, fix: bool = False, *, temp_age: float = ORPHAN_AGE,
         lock_stale_after: float | None = None, labels: Iterable[str] | None = None,
     ) -> VerifyReport:
         """Check every pack, entry.json, stats file, temp file and lock.
@@ -463,11 +389,9 @@ class Store:
         """
         temp_age = check_seconds("temp_age", temp_age)
         if fix:
-            self._require_writable("fix the store")
-        if self.remote is not None:
-            return self.remote.verify(self, fix, temp_age, None if labels is None else frozenset(labels))
-        return maintenance.verify(self, fix, temp_age, lock_stale_after,
-                                  None if labels is None else frozenset(labels))
+            self.fs.require_writable("fix the store")
+        report = self._ops.verify(temp_age=temp_age, lock_stale_after=lock_stale_after, labels=labels)
+        return report.fix() if fix else report
 
     # -- export / import (compile_cache.store.archive) --------------------------------------------
     def export(self, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
@@ -476,9 +400,7 @@ class Store:
         ``.tar.gz``/``.tgz`` names are gzip-compressed. Corrupt packs are skipped (and
         quarantined). Returns the number of packs exported. Unknown ``keys`` raise StoreError.
         """
-        if self.remote is not None:  # the URL's entries, through the local tier
-            keys = self.remote.fetch_all(self, keys)
-        return archive.export(self, path, keys)
+        return self._ops.export(path, keys)
 
     def import_archive(self, path: str | os.PathLike[str]) -> ImportReport:
         """Add the entries of an archive made by :meth:`export`; importing twice is harmless.
@@ -492,8 +414,5 @@ class Store:
         dir. A bad archive raises :class:`UnsafePathError` / :class:`CorruptPackError` and leaves
         the store untouched. Raises :class:`StoreError` on a read-only store.
         """
-        self._require_writable("import")
-        report = archive.import_archive(self, path)
-        for key in report.keys if self.remote else ():
-            self.remote.push(self, key, strict=True)  # type: ignore[union-attr]
-        return report
+        self.fs.require_writable("import")
+        return self._ops.import_archive(path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -30,10 +31,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .. import config
 from .._paths import atomic_write
-from ..errors import UnsafeStoreError, UnsafeStorePathError
-from ._io import MAX_JSON_BYTES, json_object, warn_once
+from ..errors import StoreError, UnsafeStoreError, UnsafeStorePathError
+from ..locks import BaseLock, make_lock
+from ._io import MAX_JSON_BYTES, json_object, make_dirs, warn_once
 from .safety import trust_problem
+
+logger = logging.getLogger("compile_cache")
 
 __all__ = ["StoreFS"]
 
@@ -52,13 +57,49 @@ class StoreFS:
     """File operations under the store ``root`` that never follow a link inside it.
 
     ``group_mode``: the store is group-shared (``COMPILE_CACHE_SHARED=group``), which decides
-    whom :func:`~.safety.trust_problem` trusts.
+    whom :func:`~.safety.trust_problem` trusts and the modes of what it creates. It also holds
+    the store's read-only state (a store that cannot be written goes read-only, never fails)
+    and makes its locks (``lock_mode``: :func:`~compile_cache.locks.lock_mode_for`).
     """
 
-    def __init__(self, root: Path, group_mode: bool) -> None:
+    def __init__(self, root: Path, group_mode: bool, *, lock_mode: str = "none") -> None:
         self.root = Path(root)
         self.group_mode = group_mode
         self._prefix = str(self.root).rstrip("/") + "/"
+        #: The modes of what the store creates (exact, whatever the umask).
+        self.dir_mode, self.file_mode = (0o2775, 0o664) if group_mode else (0o700, 0o600)
+        self.lock_mode = lock_mode
+        self.read_only = False
+        #: Why the store is read-only (None while it is writable).
+        self.read_only_reason: str | None = None
+
+    # -- read-only state and locks ---------------------------------------------------------------
+    def set_read_only(self, reason: str) -> None:
+        """Mark the store read-only for ``reason`` (an option, or the environment)."""
+        self.read_only, self.read_only_reason = True, reason
+
+    def go_read_only(self, reason: str) -> None:
+        """The store cannot be written (``reason``): logged only, the one user-visible warning
+        comes with the first skipped publish."""
+        self.set_read_only(reason)
+        logger.info("compile cache %s is read-only: %s", self.root, reason)
+
+    def require_writable(self, what: str) -> None:
+        """Raise :class:`StoreError` if the store is read-only (``what``: the refused operation)."""
+        if self.read_only:
+            raise StoreError(f"cannot {what}: compile cache {self.root} is read-only ({self.read_only_reason})")
+
+    def make_root(self) -> None:
+        """Create the store's root and its missing parents (those outside it get the umask's mode)."""
+        make_dirs(self.root, None, self.dir_mode)
+
+    def lock_at(self, base: Path, timeout: float | None, wait_alive: float | None = None) -> BaseLock:
+        """A lock at ``base`` (in the store's locks dir) with the store's lock mode, file modes
+        and stale age; a locks dir that is a link gives a no-op lock (a lock is never needed)."""
+        usable = self.is_dir(base.parent)
+        return make_lock(base, mode=self.lock_mode if usable else "none", timeout=timeout,
+                         stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
+                         dir_mode=self.dir_mode, file_mode=self.file_mode)
 
     # -- paths -----------------------------------------------------------------------------------
     def parts(self, path: PathLike) -> tuple[str, ...]:
@@ -196,12 +237,13 @@ class StoreFS:
             except OSError:
                 continue  # absent, or not searchable by us: nothing in it is loaded here either
 
-    def mkdirs(self, path: PathLike, mode: int) -> None:
-        """Create the directory ``path`` and its missing parents below the root with ``mode``.
-        A missing root raises FileNotFoundError: a vanished store is not re-created here."""
-        os.close(self._walk(self.parts(path), create=mode))
+    def mkdirs(self, path: PathLike, mode: int | None = None) -> None:
+        """Create the directory ``path`` and its missing parents below the root with ``mode``
+        (default: the store's). A missing root raises FileNotFoundError: a vanished store is
+        not re-created here."""
+        os.close(self._walk(self.parts(path), create=self.dir_mode if mode is None else mode))
 
-    def make_dirs(self, dirs: Iterable[PathLike], mode: int) -> None:
+    def make_dirs(self, dirs: Iterable[PathLike], mode: int | None = None) -> None:
         """:meth:`mkdirs` of each of ``dirs``; one that is a link (or on a link) is left alone
         (refused at each use, warned about by :meth:`check_dirs`), other errors raise."""
         for directory in dirs:
@@ -301,9 +343,10 @@ class StoreFS:
             return None, True
         return json_object(raw)
 
-    def create(self, path: PathLike, mode: int) -> BinaryIO:
+    def create(self, path: PathLike, mode: int | None = None) -> BinaryIO:
         """A new file at ``path`` (``O_EXCL``: nothing there, not even a link) open for
-        writing, with ``mode`` exactly."""
+        writing, with ``mode`` exactly (default: the store's)."""
+        mode = self.file_mode if mode is None else mode
         with self._parent(path) as (dfd, name):
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode,
                          dir_fd=dfd)
@@ -314,15 +357,18 @@ class StoreFS:
             raise
         return os.fdopen(fd, "wb")  # type: ignore[return-value]
 
-    def write(self, path: PathLike, data: Any, *, mode: int, exclusive: bool = False,
+    def write(self, path: PathLike, data: Any, *, mode: int | None = None, exclusive: bool = False,
               fsync: bool = True) -> bool:
         """:func:`~compile_cache._paths.atomic_write` of ``path``, in its directory reached
-        without following a link."""
+        without following a link (``mode``: default the store's)."""
+        mode = self.file_mode if mode is None else mode
         with self._parent(path) as (fd, name):
             return atomic_write(name, data, mode=mode, exclusive=exclusive, fsync=fsync, dir_fd=fd)
 
-    def touch(self, path: PathLike, mode: int) -> None:
-        """Set ``path``'s times to now, creating it (with ``mode``) if absent; never through a link."""
+    def touch(self, path: PathLike, mode: int | None = None) -> None:
+        """Set ``path``'s times to now, creating it (with ``mode``, default the store's) if
+        absent; never through a link."""
+        mode = self.file_mode if mode is None else mode
         with self._parent(path) as (dfd, name):
             try:
                 os.utime(name, dir_fd=dfd, follow_symlinks=False)

@@ -13,28 +13,27 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._paths import check_key
 from ..errors import CorruptPackError, UnsafeStorePathError
 from ._io import torch_version, warn_once
-from .members import BadMemberError, member_problem
+from .fs import StoreFS
 from .pack import IncompatiblePackError, SignatureMismatchError
-from .reader import CheckedPack, PackMembers, open_pack_file
+from .parts import StoreParts
+from .reader import PackMembers
 from .records import Pack, PackInfo
 
-if TYPE_CHECKING:
-    from .core import Store
-
-__all__ = ["check_members", "check_pack", "load"]
+__all__ = ["OPEN_BUDGET", "Reopener", "load", "open_pack_path"]
 
 logger = logging.getLogger("compile_cache")
 
 
-def load(store: Store, key: str) -> list[Pack]:
+def load(parts: StoreParts, key: str) -> list[Pack]:
     """See :meth:`Store.load`."""
     check_key(key)
-    opened = _open_entry(store, key)
+    keeper, counters = parts.keeper, parts.counters
+    opened = _open_entry(parts, key)
     if opened is None:
         return []
     ours = torch_version()
@@ -46,23 +45,23 @@ def load(store: Store, key: str) -> list[Pack]:
                 reopener, fh = fh, fh.open()
             else:
                 reopener = None
-            checked = check_pack(store, fh, key)
+            checked = parts.checker.check(fh, key)
             if reopener is not None:
                 checked.reopen_on_demand(reopener.read_at, reopener.close)
         except IncompatiblePackError as exc:
             logger.info("skipping pack %s: %s", path, exc)
-            store._bump(incompatible=1)
+            counters.bump(incompatible=1)
             continue
         except SignatureMismatchError as exc:
             logger.info("skipping pack %s for this reader: %s", path, exc)
             mismatched.append(str(exc))
-            store._bump(signature_mismatch=1)
+            counters.bump(signature_mismatch=1)
             continue
         except CorruptPackError as exc:
-            store._corrupt(path, key, exc)
+            keeper.corrupt(path, key, exc)
             continue
         except OSError as exc:
-            store._io_error("read", exc, path)
+            keeper.io_error("read", exc, path)
             continue
         header = checked.header
         theirs = header.get("torch")
@@ -71,52 +70,52 @@ def load(store: Store, key: str) -> list[Pack]:
             # its artifacts were built for another torch. Set it aside so that a republish
             # of the same content (same pack name) is not blocked by it.
             checked.close()
-            moved = store._quarantine(path, key)
-            warn_once(store.root, "foreign-torch",
+            moved = keeper.quarantine(path, key)
+            warn_once(parts.root, "foreign-torch",
                        f"compile cache: pack {path} was written by torch {theirs}, this is "
                        f"torch {ours}; treated as a miss and "
                        + (f"moved to {moved}" if moved else "left in place (read-only store)"))
-            store._bump(incompatible=1)
+            counters.bump(incompatible=1)
             continue
-        info = PackInfo._from_header(key, path.stem, path, checked.size, header, checked.signed)
+        info = PackInfo.from_header(key, path.stem, path, checked.size, header, checked.signed)
         packs.append(Pack(members=PackMembers(checked), header=header, info=info))
     if mismatched and not packs:
-        warn_once(store.root, "signature",
+        warn_once(parts.root, "signature",
                   f"compile cache: no pack of {key[:12]} is signed with this "
                   f"COMPILE_CACHE_SIGNING_KEY ({len(mismatched)} skipped: {mismatched[0]}); a miss "
                   "for this job, the packs are left for readers holding their key")
     if packs:
-        store._touch_used(key)
+        keeper.touch_used(key)
     packs.sort(key=lambda p: (p.info.created, p.info.name))
     return packs
 
 
-def _open_entry(store: Store, key: str, attempts: int = 3) -> list[tuple[Path, Any]] | None:
+def _open_entry(parts: StoreParts, key: str, attempts: int = 3) -> list[tuple[Path, Any]] | None:
     """Open every pack of ``key`` (one consistent listing), after checking the entry's
     directories; None when there is nothing usable (counted where it is an error)."""
     for _attempt in range(attempts):
         try:
-            paths = store.layout.pack_paths(key, strict=True)
+            paths = parts.layout.pack_paths(key, strict=True)
         except UnsafeStorePathError as exc:  # a link on the way: refused, never followed
-            _untrusted(store, str(exc))
+            parts.keeper.untrusted(str(exc))
             return None
         except OSError as exc:  # EACCES, EIO, ESTALE: a miss for this job, counted
-            store._io_error("read", exc, store.layout.packs_dir(key))
+            parts.keeper.io_error("read", exc, parts.layout.packs_dir(key))
             return None
         if not paths:
             return None
-        if not _entry_trusted(store, key):
+        if not _entry_trusted(parts, key):
             return None
         try:
-            with store.fs.directory(store.layout.packs_dir(key), trust=True) as at:
-                opened, vanished = _open_listed(store, key, paths, at)
+            with parts.fs.directory(parts.layout.packs_dir(key), trust=True) as at:
+                opened, vanished = _open_listed(parts, key, paths, at)
         except OSError:
             return None  # gone meanwhile, or refused (counted by _entry_trusted)
         if not vanished:
             return opened
         for _path, fh in opened:
             fh.close()
-        if not store.fs.is_dir(store.layout.entry_dir(key)):
+        if not parts.fs.is_dir(parts.layout.entry_dir(key)):
             return None  # evicted while we read it: a miss, not a part of it
     logger.info("compile cache: entry %s kept changing while it was read; a miss", key[:12])
     return None
@@ -131,14 +130,14 @@ class Reopener:
     """Opens one pack file again on demand, refusing a different file under its name (another
     inode, size or mtime than when it was listed: replaced meanwhile)."""
 
-    def __init__(self, store: Store, path: Path, fh: Any) -> None:
-        self._store, self.path = store, path
+    def __init__(self, fs: StoreFS, path: Path, fh: Any) -> None:
+        self.fs, self.path = fs, path
         st = os.fstat(fh.fileno())
         self._identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def open(self) -> Any:
         """The pack file, open (the caller's to close), if it is still the one listed."""
-        fh = open_pack_path(self._store, self.path)
+        fh = open_pack_path(self.fs, self.path)
         st = os.fstat(fh.fileno())
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
             fh.close()
@@ -154,39 +153,40 @@ class Reopener:
         """Nothing is held between reads."""
 
 
-def open_pack_path(store: Store, path: Path, at: int | None = None) -> Any:
+def open_pack_path(fs: StoreFS, path: Path, at: int | None = None) -> Any:
     """Open one pack of the store for reading: no link followed, a regular file, trusted (see
     :meth:`~.fs.StoreFS.open_read`); ``at``: its directory, already open. Tests replace it to
     race other processes."""
     if at is not None:
-        return store.fs.open_read_in(at, path, trust=True)
-    return store.fs.open_read(path, trust=True)
+        return fs.open_read_in(at, path, trust=True)
+    return fs.open_read(path, trust=True)
 
 
-def _open_listed(store: Store, key: str, paths: list[Path],
+def _open_listed(parts: StoreParts, key: str, paths: list[Path],
                  at: int) -> tuple[list[tuple[Path, Any]], bool]:
     """Open the listed packs (in their directory, open at ``at``): ``(opened, vanished)``; past
     :data:`OPEN_BUDGET` a pack is noted (:class:`Reopener`) and closed again."""
+    keeper = parts.keeper
     opened: list[tuple[Path, Any]] = []
     for path in paths:
         try:
-            fh = open_pack_path(store, path, at)
+            fh = open_pack_path(parts.fs, path, at)
         except FileNotFoundError:
             for _path, other in opened:
                 other.close()
             return [], True
         except UnsafeStorePathError as exc:
             if exc.reason == "trust":
-                _untrusted(store, exc.strerror)
+                keeper.untrusted(exc.strerror)
             else:  # a link, a FIFO, a device where a pack should be: set aside
-                store._corrupt(path, key, exc)
+                keeper.corrupt(path, key, exc)
             continue
         except OSError as exc:
-            store._io_error("read", exc, path)
+            keeper.io_error("read", exc, path)
             continue
         if len(opened) >= OPEN_BUDGET:  # past the budget: checked one at a time, later
             try:
-                reopener = Reopener(store, path, fh)
+                reopener = Reopener(parts.fs, path, fh)
             finally:
                 fh.close()
             fh = reopener
@@ -194,44 +194,14 @@ def _open_listed(store: Store, key: str, paths: list[Path],
     return opened, False
 
 
-def _entry_trusted(store: Store, key: str) -> bool:
+def _entry_trusted(parts: StoreParts, key: str) -> bool:
     """The directories from the store root down to the key's ``packs/`` may be trusted (none
     a link: :mod:`.fs` refuses those)."""
     try:
-        with store.fs.directory(store.layout.packs_dir(key), trust=True):
+        with parts.fs.directory(parts.layout.packs_dir(key), trust=True):
             return True
     except UnsafeStorePathError as exc:
-        _untrusted(store, exc.strerror)
+        parts.keeper.untrusted(exc.strerror)
         return False
     except OSError:
         return True  # gone, or unreadable: the pack listing says so
-
-
-def _untrusted(store: Store, message: str) -> None:
-    warn_once(store.root, "untrusted", f"compile cache: {message}; treated as a miss")
-    store._bump(untrusted=1)
-
-def check_pack(store: Store, fh: Any, key: str, labels: Any = None, *, close: bool = True) -> CheckedPack:
-    """Every check of one open pack file (see :meth:`Store.load`); the file is closed on failure
-    (with ``close``)."""
-    checked = open_pack_file(fh, signing_key=store.signing_key, key=key, limits=store.limits, close=close)
-    try:
-        check_members(checked, labels, store.limits.max_name)
-    except BaseException:
-        checked.close()
-        raise
-    return checked
-
-
-def check_members(checked: CheckedPack, labels: Any = None, max_name: int | None = None) -> None:
-    """Raise :class:`BadMemberError` for the first member of ``checked`` that must not reach
-    torch (:func:`~compile_cache.store.members.member_problem`); ``labels``: the first parts a
-    member name may have (None: any)."""
-    for name in checked.entries:
-        problem = member_problem(
-            name, checked.member_size(name),
-            lambda offset, n, _name=name: checked.read_member_at(_name, offset, n),
-            checked.member_info(name), labels=labels, max_name=max_name,
-        )
-        if problem is not None:
-            raise BadMemberError(problem)

@@ -15,13 +15,12 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._paths import HOSTNAME
 from ._io import json_bytes
-
-if TYPE_CHECKING:
-    from .core import Store
+from .fs import StoreFS
+from .layout import Layout
 
 __all__ = ["MISS_KEEP", "entry_records", "last_misses", "record_miss"]
 
@@ -31,7 +30,17 @@ logger = logging.getLogger("compile_cache")
 MISS_KEEP = 20
 
 
-def entry_records(store: Store) -> Iterator[tuple[str, dict[str, Any], int]]:
+class StoreFiles(Protocol):
+    """What these functions use of a store: its files and their paths (a ``Store`` has both)."""
+
+    @property
+    def fs(self) -> StoreFS: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+
+def entry_records(store: StoreFiles) -> Iterator[tuple[str, dict[str, Any], int]]:
     """``(key, entry.json record, number of packs)`` for every entry; cheap: no pack is read."""
     layout = store.layout
     for key in layout.keys():
@@ -39,16 +48,16 @@ def entry_records(store: Store) -> Iterator[tuple[str, dict[str, Any], int]]:
         yield key, record or {}, len(layout.pack_file_names(key))
 
 
-def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) -> None:
+def record_miss(store: StoreFiles, key: str, record: Mapping[str, Any], reason: str) -> None:
     """Remember that a start missed ``key`` (with what it used and why); keeps the newest few."""
-    if store.read_only:
+    if store.fs.read_only:
         return
     data = {"key": key, "time": time.time(), "host": HOSTNAME, "pid": os.getpid(),
             "reason": reason, "record": dict(record)}
     try:
         blob = json_bytes(data)
-        store._mkdirs(store.layout.misses_dir)
-        store._write(store.layout.miss_file(key), blob, fsync=False)
+        store.fs.mkdirs(store.layout.misses_dir)
+        store.fs.write(store.layout.miss_file(key), blob, fsync=False)
         names = sorted(store.fs.listdir(store.layout.misses_dir))
     except (OSError, TypeError, ValueError) as exc:
         logger.debug("could not record the miss of %s: %s", key, exc)
@@ -63,7 +72,7 @@ def record_miss(store: Store, key: str, record: Mapping[str, Any], reason: str) 
             store.fs.unlink(store.layout.misses_dir / name)
 
 
-def last_misses(store: Store, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
+def last_misses(store: StoreFiles, limit: int = MISS_KEEP) -> list[dict[str, Any]]:
     """The recorded misses, newest first (at most ``limit``); unreadable records are skipped."""
     try:
         names = [n for n in store.fs.listdir(store.layout.misses_dir) if n.endswith(".json")]

@@ -42,29 +42,35 @@ __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "PREFIX_SIZE",
+    "PREFIX_STRUCT",
+    "U32",
     "IncompatiblePackError",
     "PackLimitError",
     "PackLimits",
     "SignatureMismatchError",
+    "add_member",
     "check_member_bytes",
     "check_prefix",
+    "content_digest",
     "content_hash",
     "encode_pack",
-    "is_signed",
+    "parse_header",
     "prefix_accepts",
-    "prefix_usable",
     "read_pack_header",
+    "signature_ok",
     "signer_id",
 ]
 
 FORMAT_VERSION = 1
 MAGIC = b"CCPACK\r\n"
-_PREFIX = struct.Struct("<8sHHQ32s32s")
+#: The prefix's layout: magic, format, flags, body length, body digest, signature (MAC).
+PREFIX_STRUCT = struct.Struct("<8sHHQ32s32s")
 #: The pack's fixed-size prefix: everything :func:`check_prefix` needs.
-PREFIX_SIZE = _PREFIX.size
+PREFIX_SIZE = PREFIX_STRUCT.size
 _SIGNED_PART = 8 + 2 + 2 + 8 + 32  # magic, format, flags, length, body digest: what the HMAC covers
 FLAG_SIGNED = 0x1
-_U32 = struct.Struct("<I")
+#: A length (of the header, of a member name) in the pack.
+U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 #: A header (JSON) longer than this is refused before it is read: a real one is well under 1 MiB.
 MAX_HEADER_BYTES = 16 << 20
@@ -128,25 +134,27 @@ def signer_id(signing_key: bytes | None) -> str | None:
     return hmac.new(signing_key, b"compile_cache-signer-1", hashlib.sha256).hexdigest()[:16]
 
 
-def _content_digest(signer: str | None) -> Any:
+def content_digest(signer: str | None) -> Any:
+    """The running hash of a pack's content name (members added with :func:`add_member`)."""
     digest = hashlib.sha256(b"compile_cache-pack-content-1\0")
     if signer:  # packs of different signers never share a name (nor block each other's publish)
         digest.update(b"signer\0" + signer.encode() + b"\0")
     return digest
 
 
-def _add_member(digest: Any, name: str, size: int) -> None:
+def add_member(digest: Any, name: str, size: int) -> None:
+    """Add one member's name and size to a :func:`content_digest` (its bytes follow)."""
     encoded = name.encode("utf-8", "surrogatepass")
-    digest.update(_U32.pack(len(encoded)) + encoded + _U64.pack(size))
+    digest.update(U32.pack(len(encoded)) + encoded + _U64.pack(size))
 
 
 def content_hash(members: Mapping[str, bytes | bytearray | memoryview], signer: str | None = None) -> str:
     """The pack name: 32 hex digits of SHA-256 over the members' names and bytes, in name order
     (and the signer's id, for signed packs)."""
-    digest = _content_digest(signer)
+    digest = content_digest(signer)
     for name in sorted(members):
         data = members[name]
-        _add_member(digest, name, len(data))
+        add_member(digest, name, len(data))
         digest.update(data)
     return digest.hexdigest()[:32]
 
@@ -195,14 +203,14 @@ def encode_pack(
     if signer:
         header["signer"] = signer
     header_bytes = json_bytes(header)
-    body_head = _U32.pack(len(header_bytes)) + header_bytes
+    body_head = U32.pack(len(header_bytes)) + header_bytes
     digest = hashlib.sha256(body_head)
     body_len = len(body_head)
     for n in names:
         digest.update(members[n])
         body_len += len(members[n])
     flags = FLAG_SIGNED if signing_key else 0
-    signed_part = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, body_len, digest.digest(), b"")[:_SIGNED_PART]
+    signed_part = PREFIX_STRUCT.pack(MAGIC, FORMAT_VERSION, flags, body_len, digest.digest(), b"")[:_SIGNED_PART]
     mac = hmac.new(signing_key, signed_part, hashlib.sha256).digest() if signing_key else bytes(32)
     prefix = signed_part + mac
     chunks: list[bytes | bytearray | memoryview] = [prefix, body_head]
@@ -213,9 +221,9 @@ def encode_pack(
 # -- the first checks of a reader (compile_cache.store.reader) ---------------------------------------
 def _parse_prefix(prefix: bytes) -> tuple[int, int, bytes, bytes]:
     """Magic and format of a prefix; return (flags, body_len, body digest, mac)."""
-    if len(prefix) < _PREFIX.size:
-        raise CorruptPackError(f"truncated pack: {len(prefix)} bytes, shorter than its {_PREFIX.size}-byte prefix")
-    magic, fmt, flags, body_len, digest, mac = _PREFIX.unpack_from(prefix)
+    if len(prefix) < PREFIX_STRUCT.size:
+        raise CorruptPackError(f"truncated pack: {len(prefix)} bytes, shorter than its {PREFIX_STRUCT.size}-byte prefix")
+    magic, fmt, flags, body_len, digest, mac = PREFIX_STRUCT.unpack_from(prefix)
     if magic != MAGIC:
         raise CorruptPackError("not a compile_cache pack (bad magic)")
     if fmt != FORMAT_VERSION:
@@ -227,7 +235,7 @@ def check_prefix(prefix: bytes, size: int, limits: PackLimits) -> tuple[int, int
     """Check a pack's first bytes against the file's ``size`` and the limits, before anything
     else is read; return (flags, body_len, body digest, mac)."""
     flags, body_len, digest, mac = _parse_prefix(prefix)
-    total = _PREFIX.size + body_len
+    total = PREFIX_STRUCT.size + body_len
     problem = limits.problem(total, 0, 0)
     if problem:
         raise PackLimitError(problem)
@@ -236,7 +244,7 @@ def check_prefix(prefix: bytes, size: int, limits: PackLimits) -> tuple[int, int
     return flags, body_len, digest, mac
 
 
-def _signature_ok(prefix: bytes, flags: int, mac: bytes, signing_key: bytes) -> str | None:
+def signature_ok(prefix: bytes, flags: int, mac: bytes, signing_key: bytes) -> str | None:
     """None when the prefix carries a valid signature by ``signing_key``, else why not."""
     if not flags & FLAG_SIGNED:
         return "unsigned pack: COMPILE_CACHE_SIGNING_KEY is set"
@@ -246,7 +254,8 @@ def _signature_ok(prefix: bytes, flags: int, mac: bytes, signing_key: bytes) -> 
     return None
 
 
-def _parse_header(raw: bytes) -> dict[str, Any]:
+def parse_header(raw: bytes) -> dict[str, Any]:
+    """The pack header from its JSON bytes, bounded and checked field by field (CorruptPackError)."""
     try:
         header = parse_json(raw, max_bytes=MAX_HEADER_BYTES, what="pack header")
     except ValueError as exc:
@@ -280,27 +289,17 @@ def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:
 
 def read_pack_header_from(fh: Any) -> tuple[dict[str, Any], bool, int]:
     """:func:`read_pack_header` of an open file (a local one, or an object store's ranged reads)."""
-    prefix = fh.read(_PREFIX.size + 4)
-    if len(prefix) < _PREFIX.size + 4:
+    prefix = fh.read(PREFIX_STRUCT.size + 4)
+    if len(prefix) < PREFIX_STRUCT.size + 4:
         raise CorruptPackError("truncated pack")
     flags, body_len, _d, _m = _parse_prefix(prefix)
-    (header_len,) = _U32.unpack_from(prefix, _PREFIX.size)
+    (header_len,) = U32.unpack_from(prefix, PREFIX_STRUCT.size)
     if header_len > min(body_len - 4, MAX_HEADER_BYTES):
         raise CorruptPackError("oversized pack header")
     raw = fh.read(header_len)
     if len(raw) != header_len:
         raise CorruptPackError("truncated pack header")
-    return _parse_header(raw), bool(flags & FLAG_SIGNED), body_len
-
-
-def prefix_usable(path: Path, signing_key: bytes | None) -> bool:
-    """Whether the pack at ``path`` carries a signature ``signing_key`` accepts (prefix only)."""
-    try:
-        with open(path, "rb") as fh:
-            prefix = fh.read(_PREFIX.size)
-    except OSError:
-        return False
-    return prefix_accepts(prefix, signing_key)
+    return parse_header(raw), bool(flags & FLAG_SIGNED), body_len
 
 
 def prefix_accepts(prefix: bytes, signing_key: bytes | None) -> bool:
@@ -309,9 +308,4 @@ def prefix_accepts(prefix: bytes, signing_key: bytes | None) -> bool:
         flags, _len, _digest, mac = _parse_prefix(prefix)
     except CorruptPackError:
         return False
-    return signing_key is None or _signature_ok(prefix, flags, mac, signing_key) is None
-
-
-def is_signed(data: bytes) -> bool:
-    """Whether the pack ``data`` (already decoded once) carries a signature."""
-    return bool(_PREFIX.unpack_from(data)[2] & FLAG_SIGNED)
+    return signing_key is None or signature_ok(prefix, flags, mac, signing_key) is None

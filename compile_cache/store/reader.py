@@ -21,23 +21,23 @@ from typing import Any, BinaryIO
 from .._paths import check_member_name
 from ..errors import CorruptPackError
 from .pack import (
-    _PREFIX,
-    _U32,
     CHUNK,
     FLAG_SIGNED,
     MAX_HEADER_BYTES,
+    PREFIX_STRUCT,
+    U32,
     PackLimitError,
     PackLimits,
     SignatureMismatchError,
-    _add_member,
-    _content_digest,
-    _parse_header,
-    _signature_ok,
+    add_member,
     check_prefix,
+    content_digest,
+    parse_header,
+    signature_ok,
     signer_id,
 )
 
-__all__ = ["CheckedPack", "PackMembers", "buffer_reader", "decode_pack", "open_pack", "open_pack_file"]
+__all__ = ["CheckedPack", "PackMembers", "decode_pack", "open_pack", "open_pack_file"]
 
 ReadAt = Callable[[int, int], bytes]
 
@@ -107,9 +107,9 @@ class CheckedPack:
 
     def content_hash(self) -> str:
         """The pack's name by its content, computed in chunks."""
-        digest = _content_digest(self.header.get("signer") if self.signed else None)
+        digest = content_digest(self.header.get("signer") if self.signed else None)
         for name in sorted(self.entries):
-            _add_member(digest, name, self.entries[name].size)
+            add_member(digest, name, self.entries[name].size)
             for data in self.chunks(name):
                 digest.update(data)
         return digest.hexdigest()[:32]
@@ -148,17 +148,17 @@ def open_pack(
     :class:`CorruptPackError` (anything else, incl. a key other than ``key``).
     """
     limits = limits or PackLimits.from_config()
-    prefix = read_at(0, _PREFIX.size)
+    prefix = read_at(0, PREFIX_STRUCT.size)
     flags, body_len, digest, mac = check_prefix(prefix, size, limits)
     total = size
-    signature = _signature_ok(prefix, flags, mac, signing_key) if signing_key else None
+    signature = signature_ok(prefix, flags, mac, signing_key) if signing_key else None
     if body_len < 4:
         raise CorruptPackError("truncated pack header")
-    (header_len,) = _U32.unpack(_read_exactly(read_at, _PREFIX.size, 4))
+    (header_len,) = U32.unpack(_read_exactly(read_at, PREFIX_STRUCT.size, 4))
     if header_len > min(body_len - 4, MAX_HEADER_BYTES):
         raise CorruptPackError(f"truncated or oversized pack header ({header_len} bytes)")
-    header_raw = _read_exactly(read_at, _PREFIX.size + 4, header_len)
-    header = _parse_header(header_raw)
+    header_raw = _read_exactly(read_at, PREFIX_STRUCT.size + 4, header_len)
+    header = parse_header(header_raw)
     if signature is not None:
         if header.get("signer") == signer_id(signing_key):
             # It names our key, but the MAC is wrong: altered, or forged by someone without it.
@@ -170,17 +170,33 @@ def open_pack(
     problem = limits.problem(total, len(table), 0)
     if problem:
         raise PackLimitError(problem)
+    entries = _member_table(table, PREFIX_STRUCT.size + 4 + header_len, total)
+    problem = limits.problem(total, len(table), max((len(e.name) for e in entries), default=0))
+    if problem:
+        raise PackLimitError(problem)
+    body = hashlib.sha256(U32.pack(header_len))
+    body.update(header_raw)
+    position = PREFIX_STRUCT.size + 4 + header_len
+    while position < total:
+        data = _read_exactly(read_at, position, min(CHUNK, total - position))
+        body.update(data)
+        position += len(data)
+    if body.digest() != digest:
+        raise CorruptPackError("pack checksum mismatch: its bytes were altered or damaged")
+    return CheckedPack(read_at, total, flags, header, entries, closer)
+
+
+def _member_table(table: list[Any], offset: int, total: int) -> list[_Entry]:
+    """The members of a header's member table, the first at ``offset``: safe names, sizes
+    that fit and add up to the pack's ``total`` bytes, no name twice (CorruptPackError)."""
     entries: list[_Entry] = []
     seen: set[str] = set()
-    offset = _PREFIX.size + 4 + header_len
-    longest = 0
     for item in table:
         if not isinstance(item, dict):
             raise CorruptPackError("bad member table entry")
         name, member_size = item.get("name"), item.get("size")
         check_member_name(name)
         assert isinstance(name, str)
-        longest = max(longest, len(name))
         if (not isinstance(member_size, int) or isinstance(member_size, bool) or member_size < 0
                 or offset + member_size > total):
             raise CorruptPackError(f"member {name!r} has a bad size {member_size!r}")
@@ -191,19 +207,7 @@ def open_pack(
         offset += member_size
     if offset != total:
         raise CorruptPackError("pack has bytes its member table does not account for")
-    problem = limits.problem(total, len(table), longest)
-    if problem:
-        raise PackLimitError(problem)
-    body = hashlib.sha256(_U32.pack(header_len))
-    body.update(header_raw)
-    position = _PREFIX.size + 4 + header_len
-    while position < total:
-        data = _read_exactly(read_at, position, min(CHUNK, total - position))
-        body.update(data)
-        position += len(data)
-    if body.digest() != digest:
-        raise CorruptPackError("pack checksum mismatch: its bytes were altered or damaged")
-    return CheckedPack(read_at, total, flags, header, entries, closer)
+    return entries
 
 
 def open_pack_file(
@@ -230,12 +234,14 @@ class PackMembers(Mapping[str, bytes]):
     :meth:`info` answer from the member table without reading it.
     """
 
-    def __init__(self, checked: CheckedPack) -> None:
+    def __init__(self, checked: CheckedPack, *, names: Iterable[str] | None = None,
+                 finalizer: weakref.finalize | None = None) -> None:
+        """``names``/``finalizer``: a view of some members sharing another's file (:meth:`only`)."""
         self._pack = checked
-        self._names = sorted(checked.entries)
-        self._finalizer = weakref.finalize(self, checked.close)  # the file closes with us
-
-    _only: frozenset[str] | None = None  # a view of some members (only())
+        self._names = sorted(checked.entries if names is None else names)
+        self._only: frozenset[str] | None = None if names is None else frozenset(self._names)
+        # The file closes with us (with the first of a view and the members it came from).
+        self._finalizer = finalizer if finalizer is not None else weakref.finalize(self, checked.close)
 
     def __getitem__(self, name: str) -> bytes:
         if name not in self:
@@ -269,11 +275,8 @@ class PackMembers(Mapping[str, bytes]):
 
     def only(self, names: Iterable[str]) -> PackMembers:
         """The members among ``names``, read from the same pack file (closed with it)."""
-        view = object.__new__(type(self))
-        view._pack, view._finalizer = self._pack, self._finalizer
-        view._names = sorted({n for n in names if n in self._pack.entries})
-        view._only = frozenset(view._names)
-        return view
+        return type(self)(self._pack, names={n for n in names if n in self._pack.entries},
+                          finalizer=self._finalizer)
 
     def __repr__(self) -> str:
         return f"PackMembers({len(self._names)} members)"
@@ -291,10 +294,4 @@ def decode_pack(
     checked = open_pack(lambda offset, n: bytes(view[offset : offset + n]), len(view),
                         signing_key=signing_key, key=key, limits=limits)
     return checked.header, {name: checked.read(name) for name in checked.entries}
-
-
-def buffer_reader(data: bytes | bytearray | memoryview) -> tuple[ReadAt, int]:
-    """``(read_at, size)`` over bytes in memory."""
-    view = memoryview(data)
-    return (lambda offset, n: bytes(view[offset : offset + n])), len(view)
 

@@ -1,19 +1,19 @@
-"""What the store hands out: records of packs, entries, verify and import runs (plain data)."""
+"""What the store hands out: records of packs, entries, verify and import runs, eviction plans."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptPackError
+from ..errors import CorruptPackError, StoreError
 from .layout import Layout
 from .pack import read_pack_header_from
 
-__all__ = ["CompactReport", "EntryInfo", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
+__all__ = ["CompactReport", "EntryInfo", "EvictionPlan", "ImportReport", "Pack", "PackInfo", "VerifyReport"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class PackInfo:
     signer: str | None = None
 
     @classmethod
-    def _from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
+    def from_header(cls, key: str, name: str, path: Path, size: int, header: dict[str, Any], signed: bool) -> PackInfo:
+        """The facts of the pack ``name`` of ``key`` at ``path`` from its parsed ``header``."""
         table = header.get("members") or []
         return cls(
             key=key,
@@ -108,7 +109,7 @@ class EntryInfo:
                     header, signed, _ = read_pack_header_from(fh)
                 size += st.st_size
                 mtimes.append(st.st_mtime)
-                packs.append(PackInfo._from_header(key, name[:-5], Path(path), st.st_size, header, signed))
+                packs.append(PackInfo.from_header(key, name[:-5], Path(path), st.st_size, header, signed))
             except (OSError, CorruptPackError, TypeError, ValueError, AttributeError):
                 continue  # a broken header is skipped here (load counts and quarantines it)
         try:
@@ -143,7 +144,11 @@ class EntryInfo:
 
 @dataclass
 class VerifyReport:
-    """What :meth:`Store.verify` found (and, with ``fixed``, removed or quarantined)."""
+    """What :meth:`Store.verify` found (and, with ``fixed``, removed or quarantined).
+
+    :meth:`fix` fixes what the scan listed, and only that (``verify --fix`` shows the scan,
+    then runs it): corrupt packs quarantined, the rest removed, superseded packs compacted.
+    """
 
     checked_entries: int = 0
     checked_packs: int = 0
@@ -168,6 +173,20 @@ class VerifyReport:
     #: Bytes the size counter (the cap's measure) is off by: counted minus found; ``fix`` zeroes it.
     size_drift: int = 0
     fixed: bool = False
+    #: Fixes what the scan listed (set by the scan; None for a report built by hand).
+    fixer: Callable[[VerifyReport], None] | None = field(default=None, repr=False, compare=False)
+
+    def fix(self) -> VerifyReport:
+        """Fix what this report lists (once); return it, with ``fixed`` set and what fixing
+        found on the way added (an entry left empty, compactions done, ``old_quarantine``).
+        Raises :class:`StoreError` on a read-only store, or for a report no scan made."""
+        if self.fixed:
+            return self
+        if self.fixer is None:
+            raise StoreError("this verify report was not made by a scan of a store: nothing to fix with")
+        self.fixer(self)
+        self.fixed = True
+        return self
 
     @property
     def ok(self) -> bool:
@@ -183,6 +202,8 @@ class VerifyReport:
         """JSON-friendly form (for ``verify --json``)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if f.name == "fixer":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, list):
                 value = [v.to_dict() if isinstance(v, CompactReport)
@@ -200,6 +221,28 @@ class ImportReport:
     packs_added: int = 0
     packs_present: int = 0
 
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """The entries an eviction removes, chosen once (:meth:`Store.plan_eviction`); :meth:`execute`
+    removes exactly those (an entry published after the plan was made is never among them)."""
+
+    entries: tuple[EntryInfo, ...] = ()
+    #: Removes the entries given (the store's own; set by the store that planned it).
+    run: Callable[[tuple[EntryInfo, ...]], list[EntryInfo]] | None = field(
+        default=None, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        """Bytes the plan frees."""
+        return sum(e.size for e in self.entries)
+
+    def execute(self) -> list[EntryInfo]:
+        """Remove the planned entries; return those removed (one gone meanwhile is skipped).
+        Raises :class:`StoreError` on a read-only store."""
+        if self.run is None:
+            raise StoreError("this eviction plan was not made by a store: nothing to execute it with")
+        return self.run(self.entries)
 
 
 @dataclass

@@ -3,7 +3,9 @@
 A :class:`~compile_cache.store.Store` opened on ``s3://bucket/prefix`` (or ``gs://``, ``az://``,
 ``memory://``) is an ordinary directory store, its *local tier* (``COMPILE_CACHE_LOCAL_TIER``,
 default ``$XDG_CACHE_HOME/compile_cache/remote``, one directory per URL by its hash, bounded by the store's size
-cap), with a :class:`RemoteTier` behind it:
+cap), with a :class:`RemoteTier` behind it, composed by :class:`~.tiered.TieredStore`. The
+tier works with the local store's parts (:meth:`RemoteTier.attach`: its files, counters and pack
+checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
   refused above ``COMPILE_CACHE_MAX_PACK_SIZE``), check each as a load does (limits, checksum,
@@ -18,37 +20,34 @@ cap), with a :class:`RemoteTier` behind it:
 * **stats**: every process writes its own counters object; ``stats`` sums them.
 * **faults**: a request that fails its retries (:mod:`.backend`) is a miss: one warning, a
   counter (``remote_errors``), and the job goes on from what the local tier holds. Maintenance
-  (``ls``, ``verify``, ``prune``...) raises :class:`~compile_cache.store.backend.RemoteError`.
+  (``ls``, ``verify``, ``prune``...) raises :class:`~compile_cache.store.backends.RemoteError`.
 
-The object names are :class:`~compile_cache.store.layout.RemoteLayout`'s.
+The object names are :class:`~compile_cache.self.local.layout.RemoteLayout`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import config
 from .._paths import temp_path
-from ..errors import CorruptPackError
-from . import maintenance, remote_verify
-from ._io import MAX_JSON_BYTES, json_bytes, parse_json, warn_once
-from .backend import RemoteError, TooLargeError, is_url, redact
-from .clients import open_backend
+from ..errors import CorruptPackError, StoreError
+from . import maintenance
+from ._io import MAX_JSON_BYTES, json_bytes, json_object, parse_json, warn_once
+from .backends import RemoteError, TooLargeError, is_url, open_backend, redact
+from .counters import COUNTERS, add_counts
 from .layout import RemoteEntry, RemoteLayout
 from .pack import MAX_HEADER_BYTES, PackLimitError, read_pack_header_from
-from .records import EntryInfo, PackInfo, VerifyReport
-from .remote_verify import check_downloaded, json_ok
-from .stats import COUNTERS, add_counts
-
-if TYPE_CHECKING:
-    from .core import Store
+from .parts import StoreParts
+from .records import EntryInfo, EvictionPlan, PackInfo
 
 __all__ = ["RemoteTier", "local_tier_dir", "remote_location"]
 
@@ -102,15 +101,28 @@ class RemoteTier:
         self._stats_object = self.layout.stats_object()
         self._used: dict[str, float] = {}
         self._skip: set[tuple[str, str]] = set()  # corrupt packs this process could not set aside
+        self._local: StoreParts | None = None
+
+    def attach(self, local: StoreParts) -> None:
+        """Work with the local tier ``local`` (its files, counters and pack checks): done once,
+        by the tiered store that composes the two."""
+        self._local = local
+
+    @property
+    def local(self) -> StoreParts:
+        """The local tier's parts (see :meth:`attach`)."""
+        if self._local is None:
+            raise StoreError(f"{self!r} is not attached to a local tier")
+        return self._local
 
     def __repr__(self) -> str:
         return f"RemoteTier({self.display!r})"
 
-    def _fault(self, store: Store, what: str, exc: BaseException) -> None:
+    def _fault(self, what: str, exc: BaseException) -> None:
         """A fault is a miss: one warning per store and process, and a counter."""
-        warn_once(store.root, "remote-fault", f"compile cache {self.display}: {what} failed ({exc}); "
+        warn_once(self.local.root, "remote-fault", f"compile cache {self.display}: {what} failed ({exc}); "
                   "treated as a miss, the job goes on without the object store")
-        store._bump(remote_errors=1)
+        self.local.counters.bump(remote_errors=1)
 
     def _entry(self, key: str) -> RemoteEntry | None:
         """The packs of ``key`` (one listing of its ``packs/``: not of its use records, of which
@@ -119,78 +131,75 @@ class RemoteTier:
         return self.layout.entries(listing).get(key)
 
     # -- what a job does ---------------------------------------------------------------------
-    def fetch(self, store: Store, key: str, *, strict: bool = False) -> int:
+    def fetch(self, key: str, *, strict: bool = False) -> int:
         """Download the packs of ``key`` the local tier lacks, each checked before it is put in
         place; returns the bytes downloaded. A fault is a miss (``strict``: raises)."""
         try:
             entry = self._entry(key)
             if entry is None:
                 return 0
-            present = {p.stem for p in store.layout.pack_paths(key)}
+            present = {p.stem for p in self.local.layout.pack_paths(key)}
             missing = [n for n in entry.packs if n not in present and (key, n) not in self._skip]
             if not missing:
                 return 0
-            store._mkdirs(store.layout.packs_dir(key))
-            local_json = store.layout.entry_json(key)
-            if not store.fs.exists(local_json):  # absent remotely too: get() says None
+            self.local.fs.mkdirs(self.local.layout.packs_dir(key))
+            local_json = self.local.layout.entry_json(key)
+            if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-                if data is not None and json_ok(data):
-                    store._write(local_json, data, fsync=False)
+                if data is not None and json_object(data)[0] is not None:
+                    self.local.fs.write(local_json, data, fsync=False)
             moved = downloaded = 0
             for name in missing:
-                size = self._download(store, key, name)
+                size = self._download(key, name)
                 if size:
                     moved += size
                     downloaded += 1
         except RemoteError as exc:
             if strict:
                 raise
-            self._fault(store, f"restoring {key[:12]}", exc)
+            self._fault(f"restoring {key[:12]}", exc)
             return 0
         except OSError as exc:  # the local tier: full, read-only
-            store._io_error("download", exc, store.layout.packs_dir(key))
+            self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         if downloaded:
-            store._bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=moved)
-            if store.max_size:
-                with contextlib.suppress(OSError):
-                    maintenance.enforce_cap(store, protect={key})
+            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=moved)
         return moved
 
-    def _download(self, store: Store, key: str, name: str) -> int:
+    def _download(self, key: str, name: str) -> int:
         """One pack into the local tier (temp file, checked, fsync, rename); its size or 0."""
-        target = store.layout.pack_path(key, name)
+        target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
-        out = store.fs.create(tmp, store.file_mode)  # in the entry, reached through no link
+        out = self.local.fs.create(tmp)  # in the entry, reached through no link
         try:
             with out:
                 try:
-                    size = self.backend.download(self.layout.pack_object(key, name), out, store.limits.max_pack_size)
+                    size = self.backend.download(self.layout.pack_object(key, name), out, self.local.checker.limits.max_pack_size)
                 except FileNotFoundError:
                     return 0  # evicted meanwhile: a miss for this pack
                 except TooLargeError as exc:
-                    self._corrupt(store, key, name, exc, None, keep=True)
+                    self._corrupt(key, name, exc, None, keep=True)
                     return 0
                 out.flush()
                 os.fsync(out.fileno())
-            problem = check_downloaded(store, tmp, key, name)
+            problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
             if problem is not None:
                 # Over this reader's limits is not broken for every reader: left in place.
-                self._corrupt(store, key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
+                self._corrupt(key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
                 return 0
-            store.fs.rename(tmp, target)
+            self.local.fs.rename(tmp, target)
             return size
         finally:
             with contextlib.suppress(FileNotFoundError):
-                store.fs.unlink(tmp)
+                self.local.fs.unlink(tmp)
 
-    def _corrupt(self, store: Store, key: str, name: str, exc: BaseException, local: Path | None,
+    def _corrupt(self, key: str, name: str, exc: BaseException, local: Path | None,
                  *, keep: bool = False) -> None:
         """A pack object that fails its checks: counted, warned once, moved to the URL's
         quarantine (kept there a week for inspection), or (``keep``, read-only) skipped by this
         process."""
         where = "skipped"
-        if not store.read_only and not keep and local is not None:
+        if not self.local.fs.read_only and not keep and local is not None:
             try:
                 self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
                 self.backend.delete([self.layout.pack_object(key, name)])
@@ -199,36 +208,27 @@ class RemoteTier:
                 logger.debug("could not set %s aside: %s", name, err)
         if where == "skipped":
             self._skip.add((key, name))
-        warn_once(store.root, "remote-corrupt", f"compile cache {self.display}: pack {name} of "
+        warn_once(self.local.root, "remote-corrupt", f"compile cache {self.display}: pack {name} of "
                   f"{key[:12]} is unusable ({exc}); treated as a miss and {where}")
-        store._bump(corrupt=1)
+        self.local.counters.bump(corrupt=1)
 
-    def fetch_all(self, store: Store, keys: Any) -> list[str]:
-        """Fetch ``keys`` (None: every key under the URL) into the local tier (faults raise)."""
-        from ._io import key_list
-
-        chosen = key_list(keys) if keys is not None else list(self.listing())
-        for key in chosen:
-            self.fetch(store, key, strict=True)
-        return chosen
-
-    def push(self, store: Store, key: str, *, strict: bool = False) -> int:
+    def push(self, key: str, *, strict: bool = False) -> int:
         """Put the local packs of ``key`` the URL lacks (and its entry.json); returns how many
         were written. A fault is a miss: the packs stay local and go out with the next publish."""
-        if store.read_only:
+        if self.local.fs.read_only:
             return 0
         written = nbytes = 0
         try:
             entry = self._entry(key) or RemoteEntry(key)
-            local_json = store.layout.entry_json(key)
-            if store.fs.exists(local_json):  # a conditional put: kept if it is there
+            local_json = self.local.layout.entry_json(key)
+            if self.local.fs.exists(local_json):  # a conditional put: kept if it is there
                 self.backend.put_if_absent(self.layout.entry_json(key),
-                                           store.fs.read(local_json, MAX_JSON_BYTES))
-            for path in store.layout.pack_paths(key):
+                                           self.local.fs.read(local_json, MAX_JSON_BYTES))
+            for path in self.local.layout.pack_paths(key):
                 if path.stem in entry.packs:
                     continue
                 name = self.layout.pack_object(key, path.stem)
-                with store.fs.open_read(path) as fh:  # no link, no FIFO: a regular file of ours
+                with self.local.fs.open_read(path) as fh:  # no link, no FIFO: a regular file of ours
                     size = os.fstat(fh.fileno()).st_size
                     if size <= _CONDITIONAL_PUT_MAX:
                         if not self.backend.put_if_absent(name, fh.read()):
@@ -240,28 +240,28 @@ class RemoteTier:
         except RemoteError as exc:
             if strict:
                 raise
-            self._fault(store, f"publishing {key[:12]}", exc)
+            self._fault(f"publishing {key[:12]}", exc)
         except (OSError, CorruptPackError) as exc:
-            store._io_error("upload", exc, store.layout.packs_dir(key))
+            self.local.keeper.io_error("upload", exc, self.local.layout.packs_dir(key))
         if written:
-            store._bump(remote_uploads=written, bytes_uploaded=nbytes)
+            self.local.counters.bump(remote_uploads=written, bytes_uploaded=nbytes)
         return written
 
-    def record_use(self, store: Store, key: str) -> None:
+    def record_use(self, key: str) -> None:
         """Append one use object for ``key`` (at most one per process and hour)."""
         now = time.monotonic()
-        if store.read_only or now - self._used.get(key, -USE_EVERY) < USE_EVERY:
+        if self.local.fs.read_only or now - self._used.get(key, -USE_EVERY) < USE_EVERY:
             return
         self._used[key] = now
         try:
             self.backend.put(self.layout.use_object(key), b"")
         except RemoteError as exc:
-            self._fault(store, f"recording the use of {key[:12]}", exc)
+            self._fault(f"recording the use of {key[:12]}", exc)
 
-    def count(self, store: Store, delta: dict[str, Any]) -> None:
+    def count(self, delta: dict[str, Any]) -> None:
         """Add ``delta`` to this process's counters object (its own: no other process writes it)."""
         add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
-        if store.read_only:
+        if self.local.fs.read_only:
             return
         try:
             self.backend.put(self._stats_object, json_bytes(self._counts))
@@ -273,40 +273,40 @@ class RemoteTier:
         """Every entry under the URL, by key (one listing)."""
         return self.layout.entries(self.backend.list(self.layout.entries_dir))
 
-    def has(self, store: Store, key: str) -> bool:
+    def has(self, key: str) -> bool:
         try:
             entry = self._entry(key)
         except RemoteError as exc:
-            self._fault(store, f"listing {key[:12]}", exc)
-            return bool(store.layout.pack_paths(key))
+            self._fault(f"listing {key[:12]}", exc)
+            return bool(self.local.layout.pack_paths(key))
         return bool(entry and entry.packs)
 
-    def entry_info(self, store: Store, entry: RemoteEntry) -> EntryInfo:
+    def entry_info(self, entry: RemoteEntry) -> EntryInfo:
         """An entry as ``ls`` shows it: entry.json and every pack header (ranged reads; the local
         tier's copy when it has one). ``path``s are where the entry lives in the local tier."""
         key = entry.key
         metadata: dict[str, Any] = {}
         if entry.entry_json is not None:
             data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-            if data is not None and json_ok(data):
+            if data is not None and json_object(data)[0] is not None:
                 metadata = parse_json(data)
         packs = []
         for name, size in entry.packs.items():
-            local = store.layout.pack_path(key, name)
+            local = self.local.layout.pack_path(key, name)
             try:
-                if store.fs.exists(local):
-                    with store.fs.open_read(local) as fh:
+                if self.local.fs.exists(local):
+                    with self.local.fs.open_read(local) as fh:
                         header, signed, _ = read_pack_header_from(fh)
                 else:
                     header, signed = self._remote_header(key, name)
-                packs.append(PackInfo._from_header(key, name, local, size, header, signed))
+                packs.append(PackInfo.from_header(key, name, local, size, header, signed))
             except (OSError, CorruptPackError, TypeError, ValueError, AttributeError):
                 continue  # a broken header: skipped here (a load counts it)
         created = metadata.get("created")
         created = (float(created) if isinstance(created, (int, float)) else 0.0) or min(
             [p.created for p in packs] or [entry.newest])
         return EntryInfo(key=key, metadata=metadata, packs=tuple(packs), size=entry.size,
-                         created=created, last_used=entry.last_used, path=store.layout.entry_dir(key))
+                         created=created, last_used=entry.last_used, path=self.local.layout.entry_dir(key))
 
     def _remote_header(self, key: str, name: str) -> tuple[dict[str, Any], bool]:
         """A pack object's header from its first bytes (a second, longer read if it is long)."""
@@ -320,8 +320,8 @@ class RemoteTier:
                     raise
         raise CorruptPackError("unreadable pack header")  # not reached
 
-    def entries(self, store: Store) -> list[EntryInfo]:
-        return [self.entry_info(store, e) for e in self.listing().values()]
+    def entries(self) -> list[EntryInfo]:
+        return [self.entry_info(e) for e in self.listing().values()]
 
     def totals(self) -> dict[str, Any]:
         """Every process's counters object summed (this process's from memory)."""
@@ -331,13 +331,13 @@ class RemoteTier:
             if full == self._stats_object or not full.endswith(".json"):
                 continue
             data = self.backend.get(full, MAX_JSON_BYTES)
-            if data is not None and json_ok(data):
+            if data is not None and json_object(data)[0] is not None:
                 add_counts(totals, parse_json(data))
             elif data is not None:
                 add_counts(totals, {"errors": 1, "errors_by_kind": {"stats_file": 1}})
         return add_counts(totals, self._counts)
 
-    def summary(self, store: Store, local: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, local: dict[str, Any]) -> dict[str, Any]:
         """``Store.stats`` of a remote store: the URL's counters and footprint, with the local
         tier's size (``local``: the local tier's own summary)."""
         from .._sizes import format_size
@@ -359,17 +359,19 @@ class RemoteTier:
         totals["lock_mode"] = "none (object storage: packs are content-named puts)"
         return totals
 
-    def zero(self, store: Store) -> None:
+    def zero(self) -> None:
         self._counts = {}
         self.backend.delete(list(self.backend.list(self.layout.stats_dir)))
 
-    def _objects(self, key: str) -> list[str]:
+    def objects(self, key: str) -> list[str]:
+        """Every object of the entry ``key`` (its packs, entry.json and use records)."""
         return list(self.backend.list(self.layout.entry_dir(key)))
 
-    def evict(self, store: Store, max_size: int | None, older_than: float | None,
-              keys: set[str] | None, dry_run: bool) -> list[EntryInfo]:
-        """``Store.evict`` on the URL (and the same keys from the local tier); then compacts
-        each kept entry's use objects to its newest (deletes only: no read-modify-write)."""
+    def plan_eviction(self, max_size: int | None, older_than: float | None,
+                      keys: set[str] | None) -> EvictionPlan:
+        """``Store.plan_eviction`` on the URL: the entries chosen from one listing; executing it
+        removes them (and the same keys from the local tier), then compacts each kept entry's
+        use objects to its newest (deletes only: no read-modify-write)."""
         entries = self.listing()
         usage = sorted(entries.values(), key=lambda e: (e.last_used, e.key))
         chosen: dict[str, int] = {}
@@ -386,39 +388,40 @@ class RemoteTier:
                 if e.key not in chosen:
                     chosen[e.key] = e.size
                     total -= e.size
-        removed = sorted((self.entry_info(store, entries[k]) for k in chosen),
-                         key=lambda e: (e.last_used, e.key))
-        if dry_run:
-            return removed
+        planned = tuple(sorted((self.entry_info(entries[k]) for k in chosen),
+                               key=lambda e: (e.last_used, e.key)))
+        return EvictionPlan(entries=planned, run=functools.partial(self._evict, entries))
+
+    def _evict(self, listing: dict[str, RemoteEntry], removed: tuple[EntryInfo, ...]) -> list[EntryInfo]:
+        self.local.fs.require_writable("evict")
+        chosen = {e.key for e in removed}
         for info in removed:
-            self.backend.delete(self._objects(info.key))
-            if store.fs.is_dir(info.path):
-                maintenance.remove_entry_dir(store, info.path)
-        for entry in entries.values():
+            self.backend.delete(self.objects(info.key))
+            if self.local.fs.is_dir(info.path):
+                maintenance.remove_entry_dir(self.local, info.path)
+        for entry in listing.values():
             if entry.key not in chosen and len(entry.uses) > 1:
                 use_dir = self.layout.use_dir(entry.key)
                 self.backend.delete(f"{use_dir}/{n}" for n in entry.uses[:-1])
-        self._prune_quarantine(maintenance.QUARANTINE_KEEP)
+        self.prune_quarantine(maintenance.QUARANTINE_KEEP)
         if removed:
             freed = sum(e.size for e in removed)
             add_counts(self._counts, {"evictions": len(removed), "evicted_bytes": freed})
-            self.count(store, {})
-        maintenance.recount_size(store)
-        return removed
+            self.count({})
+        maintenance.recount_size(self.local)
+        return list(removed)
 
-    def _prune_quarantine(self, keep: float) -> None:
+    def prune_quarantine(self, keep: float) -> None:
+        """Delete the URL's quarantined packs older than ``keep`` seconds."""
         cutoff = time.time() - keep
         old = [n for n, info in self.backend.list(self.layout.quarantine_dir).items() if info.mtime < cutoff]
         self.backend.delete(old)
 
-    def clear(self, store: Store) -> int:
+    def clear(self) -> int:
+        """Remove every entry under the URL, its quarantine, and the local tier's entries."""
         entries = self.listing()
         for key in entries:
-            self.backend.delete(self._objects(key))
-        self._prune_quarantine(-1.0)
-        maintenance.clear(store)
+            self.backend.delete(self.objects(key))
+        self.prune_quarantine(-1.0)
+        maintenance.clear(self.local)
         return len(entries)
-
-    def verify(self, store: Store, fix: bool, temp_age: float, labels: Any) -> VerifyReport:
-        """``Store.verify`` on the URL (:mod:`.remote_verify`)."""
-        return remote_verify.verify(self, store, fix, temp_age, labels)

@@ -144,22 +144,9 @@ def trust_problem(
             f"{refuse}: it is world-writable (mode {mode:04o}), so any user could plant "
             f"artifacts this process would load and run. {fix}",
         )
-    groups = _our_groups()
     if private:
-        if not ours:
-            return DirSafety(
-                f"owned by user {owner}",
-                f"{refuse}: it belongs to user {owner}, whose files this process would load and "
-                f"run. Use a directory of your own.",
-            )
-        if mode & stat.S_IWGRP and not _user_private_group(st.st_uid, st.st_gid):
-            return DirSafety(
-                f"writable by group {_describe_group(st.st_gid)}",
-                f"{refuse}: it is writable by group {_describe_group(st.st_gid)} (mode "
-                f"{mode:04o}), whose members could plant code this process would run. Fix it with "
-                f"`chmod g-w {path}`.",
-            )
-        return None
+        return _private_problem(st, path, refuse, owner, ours=ours)
+    groups = _our_groups()
     # A group-writable file in a tree only this user (or group) can enter reaches nobody else:
     # write access to files is the directories' question.
     if mode & stat.S_IWGRP and is_dir:
@@ -178,6 +165,34 @@ def trust_problem(
             )
     if ours:
         return None
+    return _others_problem(st, path, refuse, owner, group_mode, groups)
+
+
+def _private_problem(st: os.stat_result, path: Path | str, refuse: str, owner: str, *,
+                     ours: bool) -> DirSafety | None:
+    """:func:`trust_problem` of torch's local dirs (never group-shared)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not ours:
+        return DirSafety(
+            f"owned by user {owner}",
+            f"{refuse}: it belongs to user {owner}, whose files this process would load and "
+            f"run. Use a directory of your own.",
+        )
+    if mode & stat.S_IWGRP and not _user_private_group(st.st_uid, st.st_gid):
+        return DirSafety(
+            f"writable by group {_describe_group(st.st_gid)}",
+            f"{refuse}: it is writable by group {_describe_group(st.st_gid)} (mode "
+            f"{mode:04o}), whose members could plant code this process would run. Fix it with "
+            f"`chmod g-w {path}`.",
+        )
+    return None
+
+
+def _others_problem(st: os.stat_result, path: Path | str, refuse: str, owner: str, group_mode: bool,
+                    groups: set[int]) -> DirSafety | None:
+    """:func:`trust_problem` of what another user owns: trusted only in a group-shared store."""
+    mode = stat.S_IMODE(st.st_mode)
+    is_dir = stat.S_ISDIR(st.st_mode)
     if not group_mode:
         return DirSafety(
             f"owned by user {owner}",

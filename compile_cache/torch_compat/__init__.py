@@ -15,7 +15,8 @@ failures, cache entries, recompile limit, the OptimizedModule check), :mod:`.pre
 (Dynamo's caching precompile, with its guard filter, entry names and pins),
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.cache_use` (which cache entries a compile
-used: capture by use), :mod:`.cpp_header` (Inductor's precompiled header, built only when
+used: capture by use), :mod:`.autotune` (the autotune results its kernels used), :mod:`.cudagraphs`
+(CUDA graphs under precompile and regional compilation), :mod:`.pgo` (Dynamo's job profile), :mod:`.cpp_header` (Inductor's precompiled header, built only when
 needed), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
 :mod:`.kv` (transformers' KV cache inside compiled regions: :mod:`.kv.cache`, nested graph
@@ -44,7 +45,7 @@ __all__ = [
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
 MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "cache_use",
-           "cpp_header")
+           "cpp_header", "autotune", "cudagraphs", "pgo")
 
 
 class TorchCompatWarning(RuntimeWarning):

@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import available, capability, mark_missing
+from . import autotune, available, capability, mark_missing
 from .inductor_cache import KernelFile, member_name
 from .tensors import input_signature
 
 __all__ = ["UNVERIFIED_TORCH", "VERIFIED_TORCH", "Unit", "compile_seconds", "counts",
-           "install", "on_compiled", "owner_stack", "snapshot"]
+           "install", "note_file", "on_compiled", "owner_stack", "record_file", "snapshot"]
 
 log = logging.getLogger("compile_cache")
 
@@ -114,11 +114,12 @@ _usage: dict[str, _Usage] = {}
 _claims: dict[str, str] = {}  # compile id -> owner
 _current: dict[str, Unit] = {}  # compile id -> the unit its events go to
 _fx_kernels: dict[str, dict[str, KernelFile]] = {}  # FX key -> kernels loaded while it was current
+_file_units: dict[str, tuple[str, Unit, int]] = {}  # path -> (owner, unit, epoch) it belongs to
 _listeners: list[Callable[[set[str]], None]] = []
 _notified: dict[str, int] = {}
 _seconds: dict[str, float] = {}  # owner -> compile seconds (kept across Dynamo resets)
 _counts = {"fx_hit": 0, "fx_write": 0, "aot_hit": 0, "aot_write": 0, "kernel_load": 0,
-           "unowned": 0, "resets": 0}
+           "file": 0, "unowned": 0, "resets": 0}
 _installed = False
 
 
@@ -252,6 +253,62 @@ def _record_kernel(path: str, key: str) -> None:
             unit, owner = found
             unit.kernels[member] = kernel
             _changed(owner)
+
+
+def note_file(path: str) -> None:
+    """``path`` (a kernel's autotune result, written later) belongs to the unit being compiled
+    now: a later :func:`record_file` of it lands there, whoever runs the kernel."""
+    if _compile_id() is None:
+        return
+    with _lock:
+        found = _unit(None)
+        if found is not None:
+            _file_units[os.path.realpath(path)] = (found[1], found[0], _epoch)  # type: ignore[assignment]
+
+
+def record_file(path: str, data: bytes) -> None:
+    """Records a file a region group's kernels used (an autotune result: written after a kernel's
+    first run, or read when it was loaded) with its exact bytes, in the unit :func:`note_file`
+    named, else the compile's current unit, else the last unit of the group on top of this
+    thread's owner stack (whose call ran the kernel); then queues a publish."""
+    member = member_name(path)
+    if member is None:
+        return
+    with _lock:
+        _counts["file"] += 1
+        noted = _file_units.get(os.path.realpath(path))
+        if noted is not None and noted[2] == _epoch:
+            owner, unit = noted[0], noted[1]
+        elif _compile_id() is not None:
+            found = _unit(None)
+            if found is None:
+                return
+            unit, owner = found  # type: ignore[assignment]
+        else:
+            stack = getattr(_tls, "owners", None)
+            if not stack:  # a kernel no region call ran (the user's own compile): not ours
+                _counts["unowned"] += 1
+                return
+            owner = stack[-1]
+            usage = _usage_of(owner)
+            if not usage.units:
+                usage.units.append(Unit(slot="autotune"))
+            unit = usage.units[-1]
+        if unit.entries.get(member) == data:
+            return
+        unit.entries[member] = bytes(data)
+        _changed(owner)
+        usage = _usage[owner]
+        mark = usage.generation + (usage.epoch << 32)
+        if _compile_id() is not None or _notified.get(owner) == mark:
+            return  # inside a compile: the compile's end notifies
+        _notified[owner] = mark
+        listeners = list(_listeners)
+    for listener in listeners:  # after a kernel's first run, outside any compile
+        try:
+            listener({owner})
+        except Exception as exc:
+            log.warning("compile_cache: listener failed after an autotune result: %s", exc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,6 +507,8 @@ def install() -> bool:
             _install_aot()
             _install_kernels()
             _install_compile_end()
+            # Optional: without it (warned), autotune results are not carried.
+            autotune.install(note_file, record_file)
         except Exception as exc:  # a signature torch changed: the diff takes over, loudly
             mark_missing("cache_use.capture", f"{type(exc).__name__}: {exc}")
             return False
@@ -466,6 +525,7 @@ def _reset() -> None:
         _claims.clear()
         _current.clear()
         _fx_kernels.clear()
+        _file_units.clear()
         _notified.clear()
         _seconds.clear()
         _listeners.clear()

@@ -373,6 +373,11 @@ def is_optimized_module(value: object) -> bool:
     return isinstance(value, OptimizedModule)
 
 
+def original_module(value: Any) -> Any:
+    """The module a ``torch.compile(module)`` wrapper wraps (``OptimizedModule._orig_mod``)."""
+    return value._orig_mod
+
+
 #: What the first Inductor compile of a process imports lazily (about a second on CPU).
 _COMPILE_STACK = (
     "torch._dynamo.convert_frame",

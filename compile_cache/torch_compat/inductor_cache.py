@@ -1,7 +1,7 @@
 """Torch's local cache directories, and loading what is cached there.
 
-Where Inductor (and Triton under it) keeps compiled code, and its precompiled headers; and the
-one hook around torch's load of a cached FX graph, so that an entry whose files torch cannot load
+Where Inductor (and Triton under it) keeps compiled code, and its precompiled headers
+(:func:`local_dirs`, the one place that knows); and the one hook around torch's load of a cached FX graph, so that an entry whose files torch cannot load
 is a miss that compiles, never a crash.
 
 Also the two facts a capture needs about files in them: the pack member name of a path
@@ -28,6 +28,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import available, capability
@@ -35,10 +36,10 @@ from . import available, capability
 __all__ = [
     "LOAD_ERRORS",
     "KernelFile",
+    "LocalDirs",
     "cache_dir",
-    "configured_cache_dir",
-    "default_cache_dir",
     "guard_cache_loads",
+    "local_dirs",
     "member_name",
     "read_locked",
     "redirect_header_dir",
@@ -130,21 +131,47 @@ def read_locked(kernel: KernelFile, timeout: float = 30.0) -> bytes | None:
         return None
 
 
-def configured_cache_dir() -> str:
-    """The Inductor cache dir torch will use (``TORCHINDUCTOR_CACHE_DIR``, else its default),
-    without creating it: what the local-dir check looks at before torch does."""
-    return _replicated_rule()
+@dataclasses.dataclass(frozen=True)
+class LocalDirs:
+    """Where torch and Triton keep compiled code on this node (absolute paths).
+
+    ``inductor``: Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``).
+    ``triton``: where Inductor's Triton kernels go (``TRITON_CACHE_DIR``, else
+    ``<inductor>/triton``, where Inductor points Triton: then nested, captured as ``inductor/``).
+    """
+
+    inductor: Path
+    triton: Path
+
+    @property
+    def headers(self) -> Path:
+        """Torch's default Inductor dir (``<tmp>/torchinductor_<user>``), whatever
+        ``TORCHINDUCTOR_CACHE_DIR`` says: Inductor keeps its precompiled headers there."""
+        saved = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        try:
+            return Path(_replicated_rule())
+        finally:
+            if saved is not None:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+    @property
+    def triton_home(self) -> Path:
+        """Triton's own dir for everything not compiled by Inductor: ``TRITON_CACHE_DIR``, else
+        ``~/.triton`` (its ``cache`` inside)."""
+        env = os.environ.get("TRITON_CACHE_DIR")
+        return Path(os.path.abspath(env)) if env else Path.home() / ".triton"
 
 
-def default_cache_dir() -> str:
-    """Torch's default Inductor dir (``<tmp>/torchinductor_<user>``), whatever
-    ``TORCHINDUCTOR_CACHE_DIR`` says: Inductor keeps its precompiled headers there."""
-    saved = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    try:
-        return _replicated_rule()
-    finally:
-        if saved is not None:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+def local_dirs(*, from_torch: bool = False) -> LocalDirs:
+    """Where torch's and Triton's local caches are now: the one function that knows.
+
+    ``from_torch``: the Inductor dir as torch resolves it when ``torch._inductor`` is loaded
+    (:func:`cache_dir`, which also creates it: where a compile writes); by default torch's rule,
+    creating nothing (what the local-dir check looks at before torch does).
+    """
+    inductor = Path(cache_dir() if from_torch else _replicated_rule())
+    triton_env = os.environ.get("TRITON_CACHE_DIR")
+    return LocalDirs(inductor, Path(os.path.abspath(triton_env)) if triton_env else inductor / "triton")
 
 
 # -- where Inductor keeps its precompiled headers ----------------------------------------------------

@@ -57,6 +57,7 @@ __all__ = [
     "install",
     "is_cache",
     "recompile_advice",
+    "run_in_region",
     "uninstall",
 ]
 
@@ -239,6 +240,25 @@ class _NestedGraphBreaks:
 
 
 _NESTED = _NestedGraphBreaks()
+
+
+def run_in_region(fn: Callable[..., Any], args: tuple, kwargs: dict, record: list | None = None) -> Any:
+    """``fn(*args, **kwargs)`` as a region call: with :data:`SCOPE` active (the patched cache
+    methods run eagerly) and nested graph breaks on; ``record``, when given, receives this
+    thread's eager cache updates of the call (``(cache, method, layer index)``, what
+    :mod:`.calls` learns from)."""
+    if record is not None:
+        previous = getattr(_TLS, "record", None)
+        _TLS.record = record
+    outer = SCOPE.active
+    SCOPE.active = True
+    try:
+        with _NESTED:
+            return fn(*args, **kwargs)
+    finally:
+        SCOPE.active = outer
+        if record is not None:
+            _TLS.record = previous
 
 
 _GUARD_ON_CACHE = re.compile(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import available
-from .cache import _NESTED, _TLS, CACHE_ARGUMENTS, SCOPE, install, is_cache
+from .cache import CACHE_ARGUMENTS, install, is_cache, run_in_region
 
 log = logging.getLogger("compile_cache")
 
@@ -180,28 +180,14 @@ class CacheCalls:
                 kwargs = {**kwargs, self.name: view}
             self.view_calls += 1
             try:
-                return self._scoped(fn, args, kwargs)
+                return run_in_region(fn, args, kwargs)
             finally:
                 view.__dict__["_cc_layer"] = None
-        previous = getattr(_TLS, "record", None)
-        _TLS.record = record = []
-        try:
-            out = self._scoped(fn, args, kwargs)
-        finally:
-            _TLS.record = previous
+        record: list = []
+        out = run_in_region(fn, args, kwargs, record)
         self.eager_update_calls += 1
         self._learn(runner, cache, record, signature)
         return out
-
-    @staticmethod
-    def _scoped(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        outer = SCOPE.active
-        SCOPE.active = True
-        try:
-            with _NESTED:
-                return fn(*args, **kwargs)
-        finally:
-            SCOPE.active = outer
 
     def _signature(self, block: Any, args: tuple, kwargs: dict) -> tuple:
         """What could make the traced code pass another layer index (the class doc)."""

@@ -1,11 +1,11 @@
 """Which client serves a store URL: the one place that chooses.
 
 ``s3://`` (and ``s3a://``) goes to the small standard-library client
-(:class:`~compile_cache.store.s3.S3Backend`) when :func:`~compile_cache.store.s3_auth.settings`
+(:class:`~compile_cache.store.backends.s3.S3Backend`) when :func:`~compile_cache.store.backends.s3_auth.settings`
 says it can serve the URL as botocore would (keys in the environment or a profile's credentials
 file, and nothing configured that it does not support) and ``COMPILE_CACHE_S3_CLIENT`` is not
 ``s3fs``; everything else, every other scheme included, goes to
-:class:`~compile_cache.store.backend.FsspecBackend`, exactly as before the small client existed.
+:class:`~compile_cache.store.backends.fsspec_backend.FsspecBackend`, exactly as before the small client existed.
 The choice, and why, is logged at debug level (never a credential) and shown by ``doctor``.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from .. import config
-from .backend import FsspecBackend, ObjectBackend, redact
+from ... import config
+from .base import ObjectBackend, redact
+from .fsspec_backend import FsspecBackend
 
 __all__ = ["open_backend"]
 
@@ -26,15 +27,16 @@ def open_backend(url: str) -> ObjectBackend:
     module docstring), fsspec for everything else."""
     protocol = url.split("://", 1)[0].lower()
     if protocol in ("s3", "s3a"):
-        from . import s3, s3_auth  # here: http.client and ssl only for an s3:// store
+        from .s3 import S3Backend  # here: http.client and ssl only for an s3:// store
+        from .s3_auth import check_environment, settings
 
-        s3_auth.check_environment()  # a key ending in a newline: a clear error, never its value
+        check_environment()  # a key ending in a newline: a clear error, never its value
         if config.S3_CLIENT.value() == "s3fs":
             chosen, why = None, "COMPILE_CACHE_S3_CLIENT=s3fs"
         else:
-            chosen, why = s3_auth.settings(url)
+            chosen, why = settings(url)
         if chosen is not None:
-            backend: ObjectBackend = s3.S3Backend(url, chosen)
+            backend: ObjectBackend = S3Backend(url, chosen)
             logger.debug("compile cache %s: object storage client: %s", redact(url), backend.client)
             return backend
         logger.debug("compile cache %s: object storage client: s3fs (the small S3 client does not "

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
-from ..redact import check_credential
+from ...redact import check_credential
 
 __all__ = ["Credentials", "S3Settings", "check_environment", "settings", "sign"]
 

@@ -1,19 +1,19 @@
-"""A small S3 client over ``http.client``: the :class:`~compile_cache.store.backend.ObjectBackend`
+"""A small S3 client over ``http.client``: the :class:`~compile_cache.store.backends.base.ObjectBackend`
 operations a store needs, and nothing else.
 
 Why: s3fs imports aiobotocore and botocore and builds a client from botocore's service model,
 0.6 to 0.8 s of a fresh process on 2 cores before its first request, which is most of what a
 restore from ``s3://`` costs over one from a directory. This client imports only the standard
-library. :func:`~compile_cache.store.backend.open_backend` uses it when
-:func:`~compile_cache.store.s3_auth.settings` says it can serve the URL (plain keys from the
+library. :func:`~compile_cache.store.backends.clients.open_backend` uses it when
+:func:`~compile_cache.store.backends.s3_auth.settings` says it can serve the URL (plain keys from the
 environment or a profile); everything else goes to s3fs.
 
 Requests: ListObjectsV2 (paginated), GET (whole, or streamed with a size cap), a ranged GET for a
 header, PUT (``If-None-Match: *`` for a conditional put: 412 means it exists), HEAD and DELETE;
 path-style addressing against a configured endpoint, virtual-hosted against AWS. Faults are the
-shared ones (:class:`~compile_cache.store.backend.RetryingBackend`): a timeout, a connection
+shared ones (:class:`~compile_cache.store.backends.base.RetryingBackend`): a timeout, a connection
 error, a 5xx, a 429 or a 403 raises :class:`S3Error` (the status and S3's error code, never a
-header), which is retried, then becomes :class:`~compile_cache.store.backend.RemoteError`; a 404
+header), which is retried, then becomes :class:`~compile_cache.store.backends.base.RemoteError`; a 404
 is a missing object. One connection per thread, kept alive, dropped after any error.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import IO
 
-from .backend import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
+from .base import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
 from .s3_auth import EMPTY_SHA256, S3Settings, sign
 
 __all__ = ["S3Backend", "S3Error"]
@@ -142,11 +142,11 @@ class _Response:
                 return
             except (OSError, http.client.HTTPException):
                 pass
-        self._backend._drop()
+        self._backend.drop()
 
 
 class S3Backend(RetryingBackend):
-    """:class:`~compile_cache.store.backend.ObjectBackend` over S3's REST API."""
+    """:class:`~compile_cache.store.backends.base.ObjectBackend` over S3's REST API."""
 
     def __init__(self, url: str, settings: S3Settings) -> None:
         super().__init__(url)
@@ -177,7 +177,8 @@ class S3Backend(RetryingBackend):
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
-    def _drop(self) -> None:
+    def drop(self) -> None:
+        """Close this thread's connection (the next request opens a new one)."""
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
@@ -215,7 +216,7 @@ class S3Backend(RetryingBackend):
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 deadline.cancel()
-                self._drop()  # a kept-alive connection the server had closed: once more, at once
+                self.drop()  # a kept-alive connection the server had closed: once more, at once
                 deadline.check(what)
                 if not reused:
                     raise
@@ -223,7 +224,7 @@ class S3Backend(RetryingBackend):
                     body.seek(0)
             except BaseException:
                 deadline.cancel()
-                self._drop()
+                self.drop()
                 deadline.check(what)
                 raise
         out = _Response(self, resp, deadline)

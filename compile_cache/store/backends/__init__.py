@@ -1,0 +1,18 @@
+"""Object storage backends behind a store URL: one small interface, and the clients that serve it.
+
+``base``            :class:`ObjectBackend` (list, get, download, put, put_if_absent, delete), the
+                    bounded retries every client shares (:class:`RetryingBackend`), errors, bounds
+``fsspec_backend``  any protocol fsspec knows (``s3://`` through s3fs, ``gs://``, ``az://``...)
+``s3``, ``s3_auth`` the small standard-library S3 client and its SigV4 signing and settings
+``clients``         :func:`open_backend`: which client serves a URL (the one place that chooses)
+
+Nothing outside this package knows a client: removing one is removing its modules here and its
+branch in ``clients``.
+"""
+
+from __future__ import annotations
+
+from .base import ObjectBackend, ObjectInfo, RemoteError, TooLargeError, is_url, redact
+from .clients import open_backend
+
+__all__ = ["ObjectBackend", "ObjectInfo", "RemoteError", "TooLargeError", "is_url", "open_backend", "redact"]

@@ -1,0 +1,221 @@
+"""The store's counters: names (:class:`Counter`), the pending counts, and the shard files.
+
+Each process adds to one of :data:`STATS_SHARDS` shard files (chosen by host and pid), under a
+short lock, read-modify-write; the totals sum the shards. A count that cannot be written now
+(lock busy, read-only or vanished store, I/O error) is kept in memory and goes out with the next
+one. What each counter means is in :mod:`.stats`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from .._paths import HOSTNAME, is_temp_name
+from ..locks import optional_lock
+from ._io import json_bytes
+from .fs import StoreFS
+from .layout import Layout
+
+__all__ = ["COUNTERS", "STATS_SHARDS", "Counter", "Counters", "add_counts", "shard_index"]
+
+logger = logging.getLogger("compile_cache")
+
+STATS_SHARDS = 8
+#: Seconds a shard whose lock could not be taken is tried without waiting.
+BUSY_BACKOFF = 30.0
+
+
+class Counter(str, enum.Enum):
+    """Every counter the store keeps (see :mod:`.stats` for their meaning)."""
+
+    HITS = "hits"
+    PARTIAL_HITS = "partial_hits"
+    MISSES = "misses"
+    LOCAL_HITS = "local_hits"
+    ERRORS = "errors"
+    CORRUPT = "corrupt"
+    INCOMPATIBLE = "incompatible"
+    PUBLISHES = "publishes"
+    BYTES_PUBLISHED = "bytes_published"
+    BYTES_RESTORED = "bytes_restored"
+    SECONDS_SAVED = "seconds_saved"
+    COMPILE_SECONDS = "compile_seconds"
+    EVICTIONS = "evictions"
+    EVICTED_BYTES = "evicted_bytes"
+    BACKEND_FALLBACKS = "backend_fallbacks"
+    CAPTURE_FALLBACKS = "capture_fallbacks"
+    STORED_BYTES = "stored_bytes"
+    SIZE_RECOUNTS = "size_recounts"
+    SIGNATURE_MISMATCH = "signature_mismatch"
+    LOAD_FAILURES = "load_failures"
+    LOCK_FALLBACKS = "lock_fallbacks"
+    UNTRUSTED = "untrusted"
+    PRECOMPILE_HITS = "precompile_hits"
+    PRECOMPILE_DECLINED = "precompile_declined"
+    PRECOMPILE_LOAD_ERRORS = "precompile_load_errors"
+    PRECOMPILE_UNPROVEN = "precompile_unproven"
+    # a store on object storage (compile_cache.store.remote)
+    REMOTE_ERRORS = "remote_errors"
+    REMOTE_DOWNLOADS = "remote_downloads"
+    BYTES_DOWNLOADED = "bytes_downloaded"
+    REMOTE_UPLOADS = "remote_uploads"
+    BYTES_UPLOADED = "bytes_uploaded"
+
+
+#: Every counter's name, in :class:`Counter`'s order.
+COUNTERS: tuple[str, ...] = tuple(c.value for c in Counter)
+_NAMES = frozenset(COUNTERS)
+#: The one count that is not a number but a mapping (error kind -> count).
+ERRORS_BY_KIND = "errors_by_kind"
+GARBAGE_SHARD = {"errors": 1, ERRORS_BY_KIND: {"stats_file": 1}}
+
+
+def shard_index() -> int:
+    """The shard this process writes (host and pid hashed)."""
+    return zlib.crc32(f"{HOSTNAME}:{os.getpid()}".encode()) % STATS_SHARDS
+
+
+def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]:
+    """Adds the known counters of ``delta`` (and ``errors_by_kind``) into ``into``; what a
+    file holds besides them is ignored (a record read back, not a programming error)."""
+    for name, value in delta.items():
+        if name == ERRORS_BY_KIND:
+            kinds = into.setdefault(ERRORS_BY_KIND, {})
+            if isinstance(value, dict):
+                for kind, n in value.items():
+                    if isinstance(n, (int, float)) and not isinstance(n, bool):
+                        kinds[str(kind)] = kinds.get(str(kind), 0) + n
+        elif name in _NAMES and isinstance(value, (int, float)) and not isinstance(value, bool):
+            into[name] = into.get(name, 0) + value
+    return into
+
+
+def check_names(delta: Mapping[str, Any]) -> None:
+    """Raise ValueError for a name in ``delta`` that is no :class:`Counter` (a misspelled
+    counter would otherwise be dropped without a word)."""
+    unknown = [name for name in delta if name not in _NAMES and name != ERRORS_BY_KIND]
+    if unknown:
+        raise ValueError(f"unknown store counter(s) {sorted(map(str, unknown))}; "
+                         f"known: {', '.join(COUNTERS)}")
+
+
+#: The threads of one process (the job's, the background publisher's) share a store's pending
+#: counts and its stats shard: one at a time, or a count one of them adds is lost.
+_bump_lock = threading.RLock()
+
+
+def _new_bump_lock_in_child() -> None:
+    global _bump_lock  # a fork while the publisher's thread held it would leave it held
+    _bump_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_bump_lock_in_child)
+
+
+class Counters:
+    """The counters of the store whose files are ``fs`` at ``layout``: pending counts, shards.
+
+    ``listeners`` are called with each delta as it is added (a store on object storage writes
+    its own counters object too); the local store knows nothing of them.
+    """
+
+    #: Shards whose lock could not be taken lately, by path: until when they are not waited for.
+    busy_until: ClassVar[dict[str, float]] = {}
+
+    def __init__(self, fs: StoreFS, layout: Layout) -> None:
+        self.fs, self.layout = fs, layout
+        #: Counts added in this process and not written yet.
+        self.pending: dict[str, Any] = {}
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def bump(self, delta: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+        """Add ``delta`` (and ``more``) to the persisted counters; kept in memory and retried if
+        the write fails. An unknown counter name raises ValueError."""
+        delta = {**(delta or {}), **more}
+        check_names(delta)
+        with _bump_lock:
+            self._add(delta)
+
+    def _add(self, delta: dict[str, Any]) -> None:
+        add_counts(self.pending, delta)
+        for listener in self.listeners:
+            listener(dict(delta))
+        if self.fs.read_only or not self.fs.is_dir(self.layout.base):
+            return  # kept in memory: a vanished store is not re-created just for counters
+        n = shard_index()
+        shard = self.layout.stats_shard(n)
+        busy_key = str(shard)
+        # A shard lock that could not be taken lately (a dead holder, judged stale only after a
+        # while) is tried without waiting: each counter update must not stall the job 2 s.
+        wait = 0.0 if time.monotonic() < self.busy_until.get(busy_key, 0.0) else 2.0
+        lock = self.fs.lock_at(self.layout.lock_base(f"stats-{n}"), timeout=wait)
+        try:
+            with optional_lock(lock) as held:
+                if not held:
+                    if wait:
+                        self.busy_until[busy_key] = time.monotonic() + BUSY_BACKOFF
+                    return  # pending deltas go out with the next update
+                current, garbage = self.fs.read_json(shard)
+                merged = add_counts({}, current or {})
+                if garbage:
+                    logger.warning("compile cache stats file %s was unreadable; counting from zero", shard)
+                    add_counts(merged, GARBAGE_SHARD)
+                add_counts(merged, self.pending)
+                self.fs.write(shard, json_bytes(merged), fsync=False)
+                self.pending = {}
+        except OSError as exc:
+            logger.debug("could not update stats %s: %s", shard, exc)
+
+    def totals(self) -> dict[str, Any]:
+        """Every counter summed over the shards, plus this process's counts not written yet."""
+        totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
+        totals[ERRORS_BY_KIND] = {}
+        stats_dir = self.layout.stats_dir
+        try:
+            shard_names = sorted(self.fs.listdir(stats_dir))
+        except OSError:
+            shard_names = []
+        for name in shard_names:
+            if not self.layout.is_stats_shard(name):
+                continue
+            data, garbage = self.fs.read_json(stats_dir / name)
+            if garbage:
+                add_counts(totals, GARBAGE_SHARD)
+            elif data:
+                add_counts(totals, data)
+        add_counts(totals, self.pending)
+        return totals
+
+    def tracked_size(self) -> tuple[int, bool]:
+        """The store's size from its counters (no walk), and whether it was ever calibrated by an
+        exact count (if not, the counter misses what was published before it existed)."""
+        totals = self.totals()
+        return max(0, int(totals["stored_bytes"])), totals["size_recounts"] > 0
+
+    def correct_size(self, exact: int) -> None:
+        """Set the size counter to ``exact`` (a walk's result): adds the difference, counts a recount."""
+        current = int(self.totals()["stored_bytes"])
+        self.bump(stored_bytes=int(exact) - current, size_recounts=1)
+        if current != exact:
+            logger.debug("compile cache %s: size counter corrected from %d to %d bytes",
+                         self.fs.root, current, exact)
+
+    def zero(self, size: int | None = None) -> None:
+        """Remove every shard (and forget the counts not written yet); with ``size``, the size
+        counter starts again at that exact size (it is not a usage counter)."""
+        self.pending = {}
+        with contextlib.suppress(OSError):
+            for name in self.fs.listdir(self.layout.stats_dir):
+                if self.layout.is_stats_shard(name) or is_temp_name(name):
+                    with contextlib.suppress(OSError):
+                        self.fs.unlink(self.layout.stats_dir / name)
+        if size is not None:
+            self.correct_size(size)
