@@ -230,6 +230,14 @@ HF_CLASSES = {
     False: ("AutoModelForCausalLM", "AutoModel"),
 }
 
+#: transformers' public mapping (config class -> model class) behind each auto class.
+HF_MAPPINGS = {
+    "AutoModelForSeq2SeqLM": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING",
+    "AutoModelForSpeechSeq2Seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING",
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING",
+    "AutoModel": "MODEL_MAPPING",
+}
+
 
 def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
     """A random-weight model from its config: an encoder-decoder LM (T5, BART, Whisper), a
@@ -259,10 +267,10 @@ def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
     classes = HF_CLASSES[bool(getattr(config, "is_encoder_decoder", False))]
     for cls_name in classes:
         auto = getattr(transformers, cls_name)
-        if type(config) not in auto._model_mapping:  # this class has no model for the type
+        if type(config) not in getattr(transformers, HF_MAPPINGS[cls_name]):  # no model for the type
             tried.append(f"{cls_name}: no {name} model")
             continue
-        masked_lm = transformers.AutoModelForMaskedLM._model_mapping
+        masked_lm = transformers.MODEL_FOR_MASKED_LM_MAPPING
         if cls_name == "AutoModelForCausalLM" and type(config) in masked_lm:
             tried.append(f"{cls_name}: {name} is an encoder (its causal-LM head needs is_decoder)")
             continue
