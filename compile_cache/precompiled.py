@@ -22,6 +22,7 @@ counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import types
@@ -46,6 +47,7 @@ __all__ = [
     "KV_CACHE_DECLINE",
     "VIEWS_SUFFIX",
     "BoundCall",
+    "CacheNotedCall",
     "CacheRoutedCall",
     "GroupPrecompiler",
     "PrecompileEvent",
@@ -162,6 +164,35 @@ class CacheRoutedCall:
         return self.precompiled(*args, **kwargs)
 
 
+class CacheNotedCall:
+    """A member of a group whose blocks take a KV cache and whose precompile was declined before
+    compiling (another backend, a recorded decline): every call runs the group's plain compile,
+    and the first that passes a cache (or its layer view) calls ``on_cache``, so that the report
+    and the warnings say the group's cache calls compile without precompile, as
+    :class:`CacheRoutedCall` does, and only once a cache is really passed."""
+
+    __slots__ = ("plain", "probe", "module", "on_cache")
+
+    def __init__(self, plain: Any, probe: Any, module: nn.Module,
+                 on_cache: Callable[[], None]) -> None:
+        self.plain = plain
+        self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
+        self.module = module
+        self.on_cache: Callable[[], None] | None = on_cache
+
+    @property
+    def __self__(self) -> nn.Module:  # the block, as a bound method has it (kv_calls reads it)
+        return self.module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.on_cache is not None:
+            cache = self.probe.cache_of(args, kwargs)
+            if is_cache(cache) or is_view(cache):
+                on_cache, self.on_cache = self.on_cache, None
+                on_cache()
+        return self.plain(*args, **kwargs)
+
+
 _FUNCTIONS: dict[str, pc.PrecompiledFunction] = {}  # entry name -> its function, process-wide
 _LOCK = threading.Lock()
 
@@ -275,21 +306,21 @@ class GroupPrecompiler:
         steps go through the layer view (``cache_calls``: the group's kv_calls.CacheCalls, with
         ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
         alone when the group declined precompile up front (as blocks with a cache compiled
-        before). The calls that update the cache eagerly decline precompile (reported)."""
+        before; a :class:`CacheNotedCall` around it, for the report). The calls that update the cache eagerly decline precompile (reported)."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs, module), module)
         if probe is None:
             return bound, None
         compiled, region = plain()
-        if bound.pf.declined:
-            return compiled, region
+        on_cache = functools.partial(self.route_cache_calls, code_name, label, KV_CACHE_DECLINE)
+        if bound.pf.declined:  # every call plain; its cache calls reported all the same
+            return CacheNotedCall(compiled, probe, module, on_cache), region
         decode = None
         if cache_calls is not None and cache_calls.use_views:
             pf = self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)", compile_kwargs,
                                module)
             decode = BoundCall(pf, module)
             cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
-        return CacheRoutedCall(bound, compiled, probe, decode, lambda: self.route_cache_calls(
-            code_name, label, KV_CACHE_DECLINE)), region
+        return CacheRoutedCall(bound, compiled, probe, decode, on_cache), region
 
     def _event(self, event: PrecompileEvent) -> None:
         if self.setup.on_event is not None:
