@@ -7,16 +7,20 @@ are exported and imported into ``s3://bench/cache`` on moto's S3 server (started
 restore from each (every node: new TMPDIR, HOME, XDG_CACHE_HOME, Inductor and Triton dirs, and a
 new, empty local tier for the S3 store), side by side in one run:
 
-  dir node   COMPILE_CACHE_DIR=<directory>      (NFS/Lustre-style shared directory)
-  s3 node    COMPILE_CACHE_DIR=s3://bench/cache (the local tier starts empty: every pack is downloaded)
+  dir node     COMPILE_CACHE_DIR=<directory>      (NFS/Lustre-style shared directory)
+  s3 node      COMPILE_CACHE_DIR=s3://bench/cache (packs zstd-compressed, the default; the local
+               tier starts empty: every pack is downloaded)
+  s3 raw node  COMPILE_CACHE_DIR=s3://bench/raw   (the same packs uncompressed, as before issue 39)
 
 It reports each one's median TTFO (compile call to end of first forward) and whole-process time,
 the FX-graph misses (0 on a real hit), the bytes each start moved (S3: downloaded + uploaded,
 from the local tier's counters; directory: the pack bytes restored) and the ratio s3 / dir.
-Goal: ratio <= 1.1.
+It also times, in a fresh process, importing the S3 client and making it (``client_import_s``).
+Goals (issue 39): s3 / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
 
     python benchmarks/bench_remote.py                         # GPT-2 4x256
     python benchmarks/bench_remote.py --models 2x64 --seq 16 --repeats 1   # smoke test
+    python benchmarks/bench_remote.py --levels /path/to/a/store            # zstd level table
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import build_gpt2, machine, parse_model_spec, prime_precompiled_header, run_child  # noqa: E402
 
-GOAL = 1.1
+GOAL = 1.05
+BYTES_GOAL = 3.0
 URL = "s3://bench/cache"
+RAW_URL = "s3://bench/raw"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -134,17 +140,20 @@ def _start(args: argparse.Namespace, model: str, base: str, server: _Moto, store
     return result
 
 
-def _copy_to_s3(directory: str, server: _Moto, work: str) -> None:
-    """The directory store's entries into s3://bench/cache (export, then import: both CLIs' code)."""
+def _copy_to_s3(directory: str, server: _Moto, work: str, url: str = URL, level: str = "3") -> None:
+    """The directory store's entries into ``url`` (export, then import: both CLIs' code), packs
+    compressed at zstd ``level`` (0: as they are)."""
     from compile_cache.store import Store
 
-    archive = os.path.join(work, "entries.tar")
+    archive = os.path.join(work, f"entries-{level}.tar")
+    saved = {k: os.environ.get(k) for k in (*S3_ENV, "AWS_ENDPOINT_URL", "COMPILE_CACHE_LOCAL_TIER",
+                                            "COMPILE_CACHE_PACK_COMPRESSION")}
+    os.environ["COMPILE_CACHE_PACK_COMPRESSION"] = level
     Store(directory).export(archive)
-    saved = {k: os.environ.get(k) for k in (*S3_ENV, "AWS_ENDPOINT_URL", "COMPILE_CACHE_LOCAL_TIER")}
     os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.endpoint,
-                      COMPILE_CACHE_LOCAL_TIER=os.path.join(work, "import-tier"))
+                      COMPILE_CACHE_LOCAL_TIER=os.path.join(work, f"import-tier-{level}"))
     try:
-        Store(URL).import_archive(archive)
+        Store(url).import_archive(archive)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -164,6 +173,65 @@ def _summary(runs: list[dict]) -> dict:
             "s3fs_imported": any(r.get("s3fs_imported") for r in runs)}
 
 
+_IMPORT_PROBE = """
+import time, json
+t0 = time.perf_counter()
+from compile_cache.store.backends.clients import open_backend
+t1 = time.perf_counter()
+backend = open_backend("s3://bench/cache")
+t2 = time.perf_counter()
+backend.list("v1/stats")
+t3 = time.perf_counter()
+import sys
+print(json.dumps({"client": backend.client, "import_s": t1 - t0, "make_s": t2 - t1,
+                  "first_request_s": t3 - t2, "s3fs_imported": "s3fs" in sys.modules}))
+"""
+
+
+def _client_import(server: _Moto, repeats: int) -> dict:
+    """Importing and making the S3 client in a fresh process, then its first request (median)."""
+    samples = []
+    for _i in range(max(1, repeats)):
+        with tempfile.TemporaryDirectory(prefix="bench_remote_import_") as base:
+            env = _node_env(base, server, URL)
+            done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], env=env, capture_output=True,
+                                  text=True, timeout=120, check=True)
+            samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = {k: statistics.median(s[k] for s in samples) for k in ("import_s", "make_s", "first_request_s")}
+    out.update(client=samples[0]["client"], s3fs_imported=any(s["s3fs_imported"] for s in samples))
+    return out
+
+
+def levels(stores: list[str], count: int = 12) -> list[dict]:
+    """Ratio and one-core speed of zstd levels (and zlib/lzma level 1 for reference) on the
+    ``count`` largest packs under ``stores``: what chose COMPILE_CACHE_PACK_COMPRESSION's default."""
+    import lzma
+    import zlib
+    from pathlib import Path
+
+    from compile_cache.store import compression
+
+    paths = sorted((p for d in stores for p in Path(d).rglob("*.pack") if p.is_file()),
+                   key=lambda p: p.stat().st_size, reverse=True)[:count]
+    data = [p.read_bytes() for p in paths]
+    raw = sum(map(len, data))
+    z = compression.zstd()
+    codecs = [(f"zstd {lv}", lambda b, lv=lv: compression.compress(b, lv), z.decompress) for lv in (1, 3, 6, 9, 12, 19)]
+    codecs += [("zlib 1", lambda b: zlib.compress(b, 1), zlib.decompress),
+               ("lzma 1", lambda b: lzma.compress(b, preset=1), lzma.decompress)]
+    rows = []
+    for name, comp, decomp in codecs:
+        t0 = time.perf_counter()
+        packed = [comp(b) for b in data]
+        t1 = time.perf_counter()
+        for b in packed:
+            decomp(b)
+        t2 = time.perf_counter()
+        rows.append({"codec": name, "packs": len(data), "raw_bytes": raw, "ratio": raw / sum(map(len, packed)),
+                     "compress_mb_s": raw / (t1 - t0) / 1e6, "decompress_mb_s": raw / (t2 - t1) / 1e6})
+    return rows
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     prime_precompiled_header()
@@ -175,18 +243,25 @@ def run(args: argparse.Namespace) -> list[dict]:
                 print(f"[{model}] cold start publishing into a directory store", file=sys.stderr, flush=True)
                 cold = _start(args, model, os.path.join(work, model, "cold"), server, directory)
                 _copy_to_s3(directory, server, os.path.join(work, model))
-                runs: dict[str, list[dict]] = {"dir node": [], "s3 node": []}
+                _copy_to_s3(directory, server, os.path.join(work, model), RAW_URL, "0")
+                runs: dict[str, list[dict]] = {"dir node": [], "s3 node": [], "s3 raw node": []}
                 for i in range(max(1, args.repeats)):
-                    for scenario, store in (("dir node", directory), ("s3 node", URL)):
-                        base = os.path.join(work, model, f"{scenario.split()[0]}-{i}")
+                    for scenario, store in (("dir node", directory), ("s3 node", URL), ("s3 raw node", RAW_URL)):
+                        base = os.path.join(work, model, f"{scenario.replace(' ', '-')}-{i}")
                         result = _start(args, model, base, server, store)
                         print(f"[{model}] {scenario} #{i}: TTFO {result['ttfo_s']:.2f} s, "
                               f"{result['bytes_moved']} bytes moved", file=sys.stderr, flush=True)
                         runs[scenario].append(result)
                 dir_row, s3_row = _summary(runs["dir node"]), _summary(runs["s3 node"])
+                raw_row = _summary(runs["s3 raw node"])
                 ratio = s3_row["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None
+                fewer = raw_row["bytes_moved"] / s3_row["bytes_moved"] if s3_row["bytes_moved"] else None
                 rows.append({"model": model, "cold_ttfo_s": cold["ttfo_s"], "dir": dir_row, "s3": s3_row,
-                             "ratio": ratio, "goal_met": ratio is not None and ratio <= GOAL})
+                             "s3_raw": raw_row, "ratio": ratio,
+                             "raw_ratio": raw_row["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None,
+                             "goal_met": ratio is not None and ratio <= GOAL,
+                             "bytes_fewer": fewer, "bytes_goal_met": fewer is not None and fewer >= BYTES_GOAL})
+            rows.append({"client_import": _client_import(server, args.repeats)})
         finally:
             server.stop()
     return rows
@@ -203,24 +278,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--levels", nargs="+", metavar="STORE",
+                        help="only measure zstd levels on the largest packs of these directory stores")
     args = parser.parse_args(argv)
+    if args.levels:
+        table = levels(args.levels)
+        if args.json:
+            print(json.dumps(table, indent=2))
+        for r in table:
+            print(f"{r['codec']:8} ratio {r['ratio']:6.2f}  compress {r['compress_mb_s']:7.0f} MB/s  "
+                  f"decompress {r['decompress_mb_s']:7.0f} MB/s  ({r['packs']} packs, {r['raw_bytes']} bytes)")
+        return 0
     if args.child:
         print(json.dumps(_child(args)))
         return 0
     rows = run(args)
+    probe = next((r["client_import"] for r in rows if "client_import" in r), None)
+    rows = [r for r in rows if "client_import" not in r]
     data = {"benchmark": "remote", "machine": machine(), "seq": args.seq, "repeats": args.repeats,
-            "goal": GOAL, "rows": rows}
+            "goal": GOAL, "bytes_goal": BYTES_GOAL, "rows": rows, "client_import": probe}
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
     print(f"{'model':8} {'store':9} {'TTFO s':>8} {'process s':>10} {'FX miss':>8} {'bytes moved':>12}")
     for row in rows:
-        for label in ("dir", "s3"):
+        for label in ("dir", "s3", "s3_raw"):
             r = row[label]
             print(f"{row['model']:8} {label:9} {r['ttfo_s']:8.2f} {r['process_s']:10.2f} "
                   f"{r['fxgraph_miss']:8d} {int(r['bytes_moved']):12d}")
         verdict = "met" if row["goal_met"] else "NOT met"
         print(f"{row['model']:8} ratio s3 / dir = {row['ratio']:.3f} (goal <= {GOAL}: {verdict})")
+        print(f"{row['model']:8} bytes raw / compressed = {row['bytes_fewer']:.2f} (goal >= {BYTES_GOAL})")
+    if probe:
+        print(f"client {probe['client']}: import {probe['import_s']:.3f} s, make {probe['make_s']:.3f} s, "
+              f"first request {probe['first_request_s']:.3f} s")
     return 0
 
 

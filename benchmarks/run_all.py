@@ -604,7 +604,10 @@ from eager's (near-tied logits of random weights); the tests check equality in f
 def section_remote(data: dict) -> str:
     rows = []
     for r in data.get("rows", []):
-        for label, name in (("dir", "directory store"), ("s3", "S3 (moto, 127.0.0.1)")):
+        for label, name in (("dir", "directory store"), ("s3", "S3 (moto, 127.0.0.1)"),
+                            ("s3_raw", "S3, packs uncompressed")):
+            if label not in r:
+                continue
             d = r[label]
             rows.append([r["model"], name, _fmt(d["ttfo_s"]), _fmt(d["process_s"]), d["fxgraph_miss"],
                          f"{int(d['bytes_moved']):,}"])
@@ -623,7 +626,24 @@ uploaded (the local tier's counters); directory, the member bytes restored.
 
 {table}
 
-Goal: S3 at most {data.get('goal', 1.1)}x the directory store: {ratios or '-'}."""
+Goal: S3 at most {data.get('goal', 1.1)}x the directory store: {ratios or '-'}.{_remote_extra(data)}"""
+
+
+def _remote_extra(data: dict) -> str:
+    """The bytes goal (compressed against uncompressed packs) and the client's import time."""
+    lines = []
+    for r in data.get("rows", []):
+        if r.get("bytes_fewer") is not None:
+            lines.append(f"Bytes moved per fresh node, uncompressed / compressed packs: {r['model']}: "
+                         f"**{r['bytes_fewer']:.2f}x** (goal >= {data.get('bytes_goal', 3.0)}: "
+                         f"{'met' if r.get('bytes_goal_met') else 'not met'}); uncompressed S3 / "
+                         f"directory TTFO {r['raw_ratio']:.2f}x.")
+    probe = data.get("client_import")
+    if probe:
+        lines.append(f"S3 client on a fresh node ({probe['client']}): import {probe['import_s']:.3f} s, "
+                     f"make {probe['make_s']:.3f} s, first request {probe['first_request_s']:.3f} s "
+                     f"(s3fs imported: {'yes' if probe['s3fs_imported'] else 'no'}).")
+    return ("\n\n" + "\n\n".join(lines)) if lines else ""
 
 
 SECTIONS: dict[str, Callable[[dict], str]] = {

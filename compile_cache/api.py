@@ -71,6 +71,7 @@ from .errors import ConfigError
 from .keys import KeyFields, key_fields
 from .plan import check_module, plan_regions
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+from .torch_compat.inductor_backend import config_without_compile_stack
 from .torch_compat.precompile import usable as precompile_available
 
 logger = logging.getLogger("compile_cache")
@@ -154,7 +155,8 @@ def compile_regions(
         setup = regions.PrecompileSetup(
             session.key, session.precompiled.event, session.precompiled.records,
             explicit=precompile is not None or config.PRECOMPILE.raw() is not None)
-    precompiled = regions.install(model, plan, precompile=setup)
+    with config_without_compile_stack():  # a start that loads every group compiles nothing
+        precompiled = regions.install(model, plan, precompile=setup)
     # 7. attach
     if session is not None:
         session.attach(model)

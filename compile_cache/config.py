@@ -35,6 +35,7 @@ __all__ = [
     "MAX_PACK_MEMBERS",
     "MAX_PACK_SIZE",
     "MAX_SIZE",
+    "PACK_COMPRESSION",
     "PRECOMPILE",
     "PRECOMPILE_DEFAULT",
     "PREFETCH",
@@ -322,6 +323,12 @@ REMOTE_TIMEOUT = _register(Variable(
     "COMPILE_CACHE_REMOTE_TIMEOUT", "seconds", 10.0,
     "seconds an object-storage request may take to connect or to answer",
     "a positive number of seconds", _seconds,
+))
+PACK_COMPRESSION = _register(Variable(
+    "COMPILE_CACHE_PACK_COMPRESSION", "count", 3,
+    "zstd level of packs sent to object storage and put in export archives (0: uncompressed); "
+    "3 was measured the best trade (benchmarks/RESULTS.md)",
+    "a whole number from 0 to 19", _count(0, 19),
 ))
 S3_CLIENT = _register(Variable(
     "COMPILE_CACHE_S3_CLIENT", "choice", "auto",

@@ -31,6 +31,11 @@ from compile_cache.torch_compat import precompile as pc
 STORE, PHASE = sys.argv[1], sys.argv[2]
 LOAD = PHASE == "load"
 ENV_BEFORE = environment_digest()
+#: Modules only a real compile needs: a start that restores every group imports none of them
+#: (compile_cache.torch_compat.inductor_backend; tests/test_precompile.py).
+COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
+                "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
+                "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 
@@ -68,6 +73,7 @@ class Case:
 
     def check(self, label: str, got, want) -> None:
         self.rec["diffs"][label] = maxdiff(got, want)
+        self.rec.setdefault("compile_only_modules", sorted(m for m in COMPILE_ONLY if m in sys.modules))
 
     def __exit__(self, kind, exc, tb) -> bool:
         self._warnings.__exit__(None, None, None)

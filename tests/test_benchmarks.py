@@ -278,6 +278,27 @@ def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
     assert "1,234,567" in text and "**1.20x** (not met)" in text
 
 
+def test_remote_section_shows_compressed_against_uncompressed_and_the_client_import(tmp_path):
+    side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
+            "fxgraph_hit": 3, "bytes_moved": 100000, "remote_errors": 0}
+    data = {"benchmark": "remote", "machine": MACHINE, "seq": 128, "repeats": 3, "goal": 1.05,
+            "bytes_goal": 3.0, "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
+            "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side, "s3": {**side, "ttfo_s": 2.05},
+                      "s3_raw": {**side, "ttfo_s": 2.2, "bytes_moved": 480000}, "ratio": 1.025,
+                      "raw_ratio": 1.1, "goal_met": True, "bytes_fewer": 4.8, "bytes_goal_met": True}],
+            "client_import": {"client": "small S3 client", "import_s": 0.01, "make_s": 0.02,
+                              "first_request_s": 0.03, "s3fs_imported": False}}
+    (tmp_path / "remote.json").write_text(json.dumps(data))
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmark results\n")
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
+                         "--no-charts"]) == 0
+    text = md.read_text()
+    assert "S3, packs uncompressed" in text and "480,000" in text
+    assert "**4.80x** (goal >= 3.0: met)" in text and "**1.02x** (met)" in text
+    assert "import 0.010 s, make 0.020 s, first request 0.030 s (s3fs imported: no)" in text
+
+
 def test_cold_start_ratios_per_mode_and_the_training_rows_in_results(tmp_path):
     import bench_cold_start
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -46,9 +47,10 @@ def _fresh_node(root: Path) -> dict[str, str]:
     return env
 
 
-def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
+def _run_node(root: Path, store: Path, phase: str, cases: str | None = None) -> dict[str, dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, str(CHILD), str(store), phase], env=_fresh_node(root),
+        [sys.executable, str(CHILD), str(store), phase, *([cases] if cases else [])],
+        env=_fresh_node(root),
         capture_output=True, text=True, timeout=1500, check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -203,6 +205,26 @@ def test_a_fresh_node_traces_nothing_the_store_holds(nodes: dict[str, Any]) -> N
         assert nodes["load"][name]["dynamo_cache_hits"] >= 1, name
     assert nodes["load"]["gpt2"]["frames_traced"] == 0  # no cache call: nothing traced
     assert nodes["publish"]["plain"]["frames_traced"] >= 1  # the check can fail
+
+
+def test_a_start_that_restores_everything_imports_no_compile_stack(
+    nodes: dict[str, Any], tmp_path: Path,
+) -> None:
+    """A fresh node whose every group loads from the store never compiles: after its first
+    forward, none of the modules only a compile needs (Inductor's compile_fx, its FX passes and
+    pattern matcher) has been imported. Torch's own ``torch.compile`` imports compile_fx at once
+    (torch._inductor.compile_fx.get_patched_config_dict); the restored kernels' code still
+    imports what it needs to run (select_algorithm's ``extern_kernels``, lowering)."""
+    store = tmp_path / "store"  # a copy: this node's counts stay out of the shared store's stats
+    shutil.copytree(nodes["store"], store, symlinks=True)
+    fresh = _run_node(tmp_path / "node-c", store, "load", "plain,gpt2")
+    for name in ("plain", "gpt2"):
+        case = fresh[name]
+        assert "error" not in case, case.get("traceback")
+        assert case["frames_traced"] == 0 and case["fxgraph_misses"] == 0, name  # all restored
+        assert case["compile_only_modules"] == [], name
+    # the same check where something compiled: it can fail
+    assert "torch._inductor.compile_fx" in nodes["publish"]["plain"]["compile_only_modules"]
 
 
 def test_the_publisher_saves_entries_when_they_compile_not_in_a_training_step(

@@ -118,8 +118,11 @@ def test_fresh_node_restores_from_s3_with_no_fxgraph_miss(published: dict) -> No
 @pytest.mark.inductor
 def test_the_secret_is_never_logged_stored_or_shown(published: dict, s3: S3Server, tmp_path: Path) -> None:
     assert SECRET not in published["stderr"]
+    from compile_cache.store.compression import decompress_bytes
+
     blobs = _objects(s3, "jobs")
-    assert any(path.endswith(".pack") for path in blobs)
+    assert any(path.endswith(".pack.zst") for path in blobs)  # packs travel compressed (issue 39)
+    blobs = {p: decompress_bytes(d, 1 << 30) if p.endswith(".zst") else d for p, d in blobs.items()}
     assert not any(SECRET.encode() in data for data in blobs.values())
     tiers = [p for p in published["tmp"].rglob("*") if p.is_file() and "tier" in p.parts]
     assert tiers and not any(SECRET.encode() in p.read_bytes() for p in tiers)
@@ -180,7 +183,8 @@ def test_publish_then_a_new_local_tier_loads_and_downloads_once(s3_url: str, tmp
     assert Path(packs[0].info.path).is_file() and str(packs[0].info.path).startswith(str(tmp_path / "tier"))
     reader.load(K1)  # already in the local tier: no second download
     stats = reader.stats()
-    assert stats["remote_downloads"] == 1 and stats["bytes_downloaded"] == info.size
+    moved = reader.remote.listing()[K1].packs[info.name]  # the compressed object (issue 39)
+    assert stats["remote_downloads"] == 1 and stats["bytes_downloaded"] == moved < info.size
     assert stats["publishes"] == 1 and stats["entries"] == 1 and stats["location"] == s3_url
 
 
@@ -216,7 +220,7 @@ def test_a_corrupt_object_is_counted_quarantined_and_skipped(s3_url: str, tmp_pa
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
     store = Store(s3_url)
-    name = store.remote.layout.pack_object(K1, info.name)
+    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
     data = bytearray(store.remote.backend.get(name, 1 << 20))
     data[-10] ^= 0xFF
     store.remote.backend.put(name, bytes(data))
@@ -357,6 +361,8 @@ def test_cli_round_trip_on_s3(s3_url: str, tmp_path: Path, capsys: pytest.Captur
     code, out, _ = call(capsys, "doctor", "--json", "--cache-dir", other)
     report = json.loads(out)
     assert report["store"]["location"] == other and report["store"]["remote"]["error"] is None
+    assert report["store"]["remote"]["client"].startswith("small S3 client")
+    assert "no s3fs" in report["store"]["remote"]["client_why"]  # which client, and why (issue 39)
     assert report["store"]["entries"] == 2 and SECRET not in out
     code, out, _ = call(capsys, "stats", "--zero", "--cache-dir", other)
     assert code == 0 and Store(other).stats()["publishes"] == 0
@@ -365,7 +371,7 @@ def test_cli_round_trip_on_s3(s3_url: str, tmp_path: Path, capsys: pytest.Captur
 def test_verify_fix_quarantines_a_corrupt_object(s3_url: str) -> None:
     info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
     store = Store(s3_url)
-    name = store.remote.layout.pack_object(K1, info.name)
+    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
     store.remote.backend.put(name, b"garbage" * 10)
     report = store.verify()
     assert len(report.corrupt_packs) == 1 and s3_url in str(report.corrupt_packs[0][0])

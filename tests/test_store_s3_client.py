@@ -164,20 +164,30 @@ def test_a_store_round_trip_through_the_small_client(bucket: str, tmp_path: Path
     for p in packs:
         p.close()
     stats = reader.stats()
-    assert stats["remote_downloads"] == 1 and stats["bytes_downloaded"] == info.size and stats["remote_errors"] == 0
+    moved = reader.remote.listing()[K1].packs[info.name]  # compressed on the wire (issue 39)
+    assert stats["remote_downloads"] == 1 and stats["bytes_downloaded"] == moved and stats["remote_errors"] == 0
+    assert 0 < moved < info.size and reader.layout.pack_paths(K1)[0].stat().st_size == info.size
 
 
 # -- faults ----------------------------------------------------------------------------------
 class _Always(http.server.BaseHTTPRequestHandler):
     status = 503
+    code = "SlowDown"
     seen: list[str] = []
+    #: Answer only conditional puts with ``status``; listings are empty, other puts succeed.
+    conflict_only = False
 
     def _answer(self) -> None:
         type(self).seen.append(self.headers.get("Authorization", ""))
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        body = b"<Error><Code>SlowDown</Code><Message>no</Message></Error>"
-        self.send_response(self.status)
+        body = f"<Error><Code>{self.code}</Code><Message>no</Message></Error>".encode()
+        status = self.status
+        if self.conflict_only and not (self.command == "PUT" and self.headers.get("If-None-Match")):
+            status = 200 if self.command in ("PUT", "DELETE") else 404
+            if "list-type=2" in self.path:
+                status, body = 200, b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+        self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -189,19 +199,25 @@ class _Always(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def failing(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Always]]:
-    handler = type("Handler", (_Always,), {"seen": []})
+def _fake_s3(base: type, monkeypatch: pytest.MonkeyPatch, **env: str) -> Iterator[type]:
+    """A fresh subclass of ``base`` (its own ``seen`` list) serving on 127.0.0.1, with the S3
+    client pointed at it and ``env`` set."""
+    handler = type("Handler", (base,), {"seen": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("COMPILE_CACHE_REMOTE_RETRIES", "2")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     yield handler
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def failing(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Always]]:
+    yield from _fake_s3(_Always, monkeypatch, COMPILE_CACHE_REMOTE_RETRIES="2")
 
 
 def test_a_5xx_is_retried_then_a_miss_with_one_warning(failing: type[_Always]) -> None:
@@ -218,15 +234,114 @@ def test_a_5xx_is_retried_then_a_miss_with_one_warning(failing: type[_Always]) -
     assert Store(store.root).stats()["remote_errors"] >= 1
 
 
-@pytest.mark.parametrize("status", [429, 403, 500])
+@pytest.mark.parametrize("status", [429, 403, 500, 400])
 def test_throttling_auth_and_server_errors_are_faults(failing: type[_Always], status: int) -> None:
+    """A 429 or 5xx is retried (3 tries); a 400 or 403 cannot succeed later: one try (issue 39)."""
     failing.status = status
+    failing.code = {403: "AccessDenied", 400: "InvalidArgument"}.get(status, failing.code)
     backend = open_backend("s3://bkt/cache")
     with pytest.raises(RemoteError, match=f"HTTP {status}") as caught:
         backend.get("x", 10)
     assert SECRET not in str(caught.value) and SECRET not in repr(backend)
-    assert len(failing.seen) == 3
+    assert len(failing.seen) == (1 if status in (400, 403) else 3)
     assert isinstance(S3Error(status, "X", "y"), OSError)
+
+
+def test_a_403_is_not_retried_and_a_job_goes_on(failing: type[_Always]) -> None:
+    failing.status, failing.code = 403, "AccessDenied"
+    store = Store("s3://bkt/cache")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert store.load(K1) == []
+    messages = store_warnings_of(shown)
+    assert len(messages) == 1 and "403 AccessDenied" in messages[0] and "treated as a miss" in messages[0]
+    assert len(failing.seen) == len(set(failing.seen))  # no request sent twice: no retry
+    assert S3Error(400, "RequestTimeout", "x").retryable and not S3Error(400, "InvalidArgument", "x").retryable
+
+
+def test_a_409_on_a_conditional_put_means_another_node_wrote_it(failing: type[_Always]) -> None:
+    """AWS answers a conditional put racing another with 409 ConditionalRequestConflict: the
+    object (named by its content) is being written by another node; not a fault, not retried."""
+    failing.status, failing.code = 409, "ConditionalRequestConflict"
+    backend = open_backend("s3://bkt/cache")
+    assert backend.put_if_absent("entries/x.pack", b"data") is False
+    assert len(failing.seen) == 1
+    with pytest.raises(RemoteError, match="HTTP 409"):  # an unconditional put: an error
+        backend.put("entries/y.pack", b"data")
+    # Through a publish (the listing is empty, every conditional put a 409): the pack counts
+    # as another node's, with no remote error and no warning.
+    failing.conflict_only = True
+    store = Store("s3://bkt/cache")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert store.publish(K1, MEMBERS, compile_seconds=1.0) is not None
+    assert store_warnings_of(shown) == [] and store.stats()["remote_errors"] == 0
+    assert store.stats()["remote_uploads"] == 0
+
+
+class _Regional(http.server.BaseHTTPRequestHandler):
+    """A bucket in eu-west-1: a request signed for another region gets S3's 301
+    PermanentRedirect naming it (header and body); one signed for eu-west-1 gets its object."""
+
+    region = "eu-west-1"
+    seen: list[str] = []
+    always_redirect = False
+
+    def do_GET(self) -> None:
+        auth = self.headers.get("Authorization", "")
+        type(self).seen.append(auth)
+        if self.always_redirect or f"/{self.region}/s3/" not in auth:
+            body = (b"<Error><Code>PermanentRedirect</Code><Message>wrong region</Message>"
+                    b"<Region>" + self.region.encode() + b"</Region></Error>")
+            self.send_response(301)
+            self.send_header("x-amz-bucket-region", self.region)
+        else:
+            body = b"the object"
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def regional(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Regional]]:
+    yield from _fake_s3(_Regional, monkeypatch, AWS_REGION="us-east-1")
+
+
+def test_a_region_redirect_is_followed_once_and_kept(regional: type[_Regional]) -> None:
+    backend = open_backend("s3://bkt/cache")
+    assert isinstance(backend, S3Backend) and backend.region == "us-east-1"
+    assert backend.get("x", 100) == b"the object"
+    assert [a.split("/")[2] for a in regional.seen] == ["us-east-1", "eu-west-1"]
+    assert backend.region == "eu-west-1"
+    assert backend.get("x", 100) == b"the object"  # signed for the bucket's region at once
+    assert len(regional.seen) == 3
+
+
+def test_a_second_redirect_is_an_error_naming_the_region(regional: type[_Regional]) -> None:
+    regional.always_redirect = True
+    backend = open_backend("s3://bkt/cache")
+    with pytest.raises(RemoteError, match="in region 'eu-west-1' \\(set AWS_REGION=eu-west-1\\)"):
+        backend.get("x", 100)
+    assert len(regional.seen) == 2  # followed once, not retried
+    assert SECRET not in str(regional.seen)  # (the signature, never the secret)
+
+
+def test_the_aws_host_follows_the_region() -> None:
+    from compile_cache.store.backends.s3_auth import S3Settings
+
+    creds = Credentials("a", "b")
+    virtual = S3Backend("s3://bkt/p", S3Settings(creds, "us-east-1", "https", "bkt.s3.us-east-1.amazonaws.com",
+                                                 False, None))
+    virtual.follow_region("ap-south-1")  # what a redirect does
+    assert (virtual.region, virtual.host) == ("ap-south-1", "bkt.s3.ap-south-1.amazonaws.com")
+    path = S3Backend("s3://b.k/p", S3Settings(creds, "us-east-1", "https", "s3.us-east-1.amazonaws.com",
+                                              True, None))
+    path.follow_region("eu-central-1")
+    assert path.host == "s3.eu-central-1.amazonaws.com"
 
 
 # -- which client ----------------------------------------------------------------------------
@@ -270,6 +385,7 @@ def test_anything_else_falls_back_to_s3fs(clean_env: Path, monkeypatch: pytest.M
                            "http://127.0.0.1:3128" if setup == "proxy" else "s3fs")
     backend = open_backend("s3://bkt/p")
     assert isinstance(backend, FsspecBackend) and backend.client == "s3fs"
+    assert backend.why.startswith("the small S3 client declines this store: ")  # doctor shows it
 
 
 def test_the_fallback_really_serves_the_store(s3: S3Server, bucket: str, clean_env: Path,

@@ -75,7 +75,8 @@ def _remote_info(tier: Any) -> dict[str, Any]:
             creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
     else:
         creds = f"the {protocol} backend's usual chain"
-    return {"url": tier.display, "error": error, "credentials": creds, "client": tier.backend.client}
+    return {"url": tier.display, "error": error, "credentials": creds, "client": tier.backend.client,
+            "client_why": getattr(tier.backend, "why", "")}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -209,7 +210,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         *([("local tier", f"{root} (read-through: a pack is downloaded once per node)"),
            ("object storage", ("reachable" if not remote["error"] else f"UNREACHABLE: {remote['error']}")
             + f"; credentials: {remote.get('credentials') or '-'}"),
-           ("object storage client", remote.get("client") or "-")] if remote else []),
+           ("object storage client", (remote.get("client") or "-")
+            + (f" ({remote['client_why']})" if remote.get("client_why") else ""))] if remote else []),
         ("filesystem", s["filesystem"]),
         ("lock mode", f"{lock_mode} ({lock_reason})"),
         ("permissions", perms),

@@ -4,7 +4,13 @@ Archive layout (``.tar``, or gzip-compressed for ``.tar.gz``/``.tgz`` names)::
 
     manifest.json                          format, version, creation time, host, keys
     entries/<key>/entry.json               the entry's metadata
-    entries/<key>/packs/<hash>.pack        every valid pack, byte for byte
+    entries/<key>/packs/<hash>.pack.zst    every valid pack, one zstd frame of its bytes
+                                           (``<hash>.pack``, as it is, at
+                                           ``COMPILE_CACHE_PACK_COMPRESSION=0`` and from older
+                                           versions: both are imported)
+
+A compressed pack is expanded on import bounded by its frame header (:mod:`.compression`):
+over ``COMPILE_CACHE_MAX_PACK_SIZE`` is refused before anything is expanded.
 
 An import validates every member before moving anything into the store: only regular files and
 directories, safe names, this layout, declared sizes within the limits, and every pack's
@@ -26,8 +32,9 @@ from typing import IO
 from .._paths import HOSTNAME, check_key, check_member_name
 from .._sizes import format_size
 from ..errors import CorruptPackError, StoreError, UnsafePathError, UnsafeStorePathError
+from . import compression
 from ._io import MAX_JSON_BYTES, json_bytes, key_list, parse_json
-from .layout import PACK_RE
+from .layout import REMOTE_PACK_RE
 from .maintenance import recount_size
 from .pack import (
     CHUNK,
@@ -92,7 +99,7 @@ def export(parts: StoreParts, path: str | os.PathLike[str], keys: Iterable[str] 
                             keeper.corrupt(pack_path, key, exc)
                             continue
                         fh.seek(0)
-                        _tar_add_file(tar, f"entries/{key}/packs/{pack_path.name}", fh, checked.size)
+                        _add_pack(tar, f"entries/{key}/packs/{pack_path.name}", fh, checked.size)
                     count += 1
         os.replace(tmp, target)
     finally:
@@ -167,8 +174,19 @@ def _stage(parts: StoreParts, path: Path, staging: Path,
                 )
             target = staging / f"{len(staged):06d}"
             fh = tar.extractfile(member)
-            _copy_bounded(fh, parts.fs.create(target), member.size,
-                          limits if kind.startswith("pack:") else None)
+            if member.name.endswith(compression.SUFFIX):  # expanded, bounded by its frame header
+                with parts.fs.create(target) as out:
+                    assert fh is not None
+                    expanded = compression.decompress(fh.read, out, limits.max_pack_size)
+                declared += expanded - member.size
+                if total_limit is not None and declared > total_limit:
+                    raise CorruptPackError(
+                        f"archive {path} expands to more than the store's size cap of "
+                        f"{format_size(total_limit)} (COMPILE_CACHE_MAX_SIZE); stopped at "
+                        f"{member.name!r}")
+            else:
+                _copy_bounded(fh, parts.fs.create(target), member.size,
+                              limits if kind.startswith("pack:") else None)
             _validate_staged(parts, member.name, kind, target)
             key = kind.split(":", 1)[1] if ":" in kind else None
             if key is not None and key not in keys:
@@ -184,7 +202,7 @@ def _classify(name: str, max_pack_size: int) -> tuple[str, int]:
         return "manifest", MAX_JSON_BYTES
     if len(parts) == 3 and parts[0] == "entries" and parts[2] == "entry.json":
         return f"entry:{_key(name, parts[1])}", MAX_JSON_BYTES
-    if len(parts) == 4 and parts[0] == "entries" and parts[2] == "packs" and PACK_RE.fullmatch(parts[3]):
+    if len(parts) == 4 and parts[0] == "entries" and parts[2] == "packs" and REMOTE_PACK_RE.fullmatch(parts[3]):
         return f"pack:{_key(name, parts[1])}", max_pack_size
     raise CorruptPackError(f"unexpected archive member {name!r}: not made by compile_cache export")
 
@@ -230,7 +248,7 @@ def _validate_staged(parts: StoreParts, name: str, kind: str, staged: Path) -> N
     key = kind.split(":", 1)[1]
     checked = parts.checker.check(parts.fs.open_read(staged), key)  # limits, checksum, signature, members
     try:
-        if checked.content_hash() != name.rsplit("/", 1)[1][:-5]:
+        if checked.content_hash() != name.rsplit("/", 1)[1].split(".", 1)[0]:
             raise CorruptPackError(f"archive member {name!r}: name does not match its content")
     finally:
         checked.close()
@@ -243,7 +261,7 @@ def _import_member(parts: StoreParts, name: str, kind: str, staged: Path, report
     if kind.startswith("entry:"):
         parts.keeper.write_entry_json(layout.entry_dir(key), fs.read(staged, MAX_JSON_BYTES))
         return
-    target = layout.packs_dir(key) / name.rsplit("/", 1)[1]
+    target = layout.packs_dir(key) / name.rsplit("/", 1)[1].removesuffix(compression.SUFFIX)
     if fs.exists(target):
         report.packs_present += 1
         return
@@ -256,6 +274,21 @@ def _tar_add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     import io
 
     _tar_add_file(tar, name, io.BytesIO(data), len(data))
+
+
+def _add_pack(tar: tarfile.TarFile, name: str, fh: IO[bytes], size: int) -> None:
+    """Add the pack of ``size`` bytes read from ``fh`` as ``name``, compressed as
+    ``name.zst`` (``COMPILE_CACHE_PACK_COMPRESSION``; at level 0 as it is)."""
+    import tempfile
+
+    lvl = compression.level()
+    if not lvl:
+        _tar_add_file(tar, name, fh, size)
+        return
+    with tempfile.TemporaryFile() as tmp:  # a tar header needs the size before the bytes
+        sent = compression.compress_file(fh, size, tmp, lvl)
+        tmp.seek(0)
+        _tar_add_file(tar, name + compression.SUFFIX, tmp, sent)
 
 
 def _tar_add_file(tar: tarfile.TarFile, name: str, fh: IO[bytes], size: int) -> None:

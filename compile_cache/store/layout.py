@@ -37,10 +37,13 @@ from .. import config
 from .._paths import HOSTNAME
 from .fs import StoreFS
 
-__all__ = ["LAYOUT_DIR", "PACK_RE", "Layout", "RemoteEntry", "RemoteLayout"]
+__all__ = ["LAYOUT_DIR", "PACK_RE", "REMOTE_PACK_RE", "Layout", "RemoteEntry", "RemoteLayout"]
 
 LAYOUT_DIR = "v1"
 PACK_RE = re.compile(r"([0-9a-f]{32})\.pack")
+#: A pack object on object storage: ``<hash>.pack``, or ``<hash>.pack.zst`` compressed
+#: (:mod:`.compression`; a reader of an older version ignores that name: a miss, never a loss).
+REMOTE_PACK_RE = re.compile(r"([0-9a-f]{32})\.pack(\.zst)?")
 _SHARD_RE = re.compile(r"shard-\d+\.json")
 _PREFIX_RE = re.compile(r"[0-9a-f]{2}")
 _KEY_RE = re.compile(r"[0-9a-f]{8,128}")
@@ -156,6 +159,7 @@ class RemoteEntry:
 
     key: str
     packs: dict[str, int] = field(default_factory=dict)  # content hash -> size
+    compressed: set[str] = field(default_factory=set)  # packs stored as <hash>.pack.zst
     entry_json: int | None = None  # its size, None if absent
     uses: list[str] = field(default_factory=list)  # use-object names, oldest first
     size: int = 0  # every object of the entry
@@ -184,8 +188,13 @@ class RemoteLayout:
     def entry_dir(self, key: str) -> str:
         return f"{self.entries_dir}/{key[:2]}/{key}"
 
-    def pack_object(self, key: str, name: str) -> str:
-        return f"{self.entry_dir(key)}/packs/{name}.pack"
+    def pack_object(self, key: str, name: str, compressed: bool = False) -> str:
+        """The object of pack ``name`` (``compressed``: its ``.pack.zst`` form)."""
+        return f"{self.entry_dir(key)}/packs/{name}.pack{'.zst' if compressed else ''}"
+
+    def pack_object_of(self, entry: RemoteEntry, name: str) -> str:
+        """The object a listing showed for pack ``name`` of ``entry`` (compressed when both are)."""
+        return self.pack_object(entry.key, name, name in entry.compressed)
 
     def entry_json(self, key: str) -> str:
         return f"{self.entry_dir(key)}/entry.json"
@@ -221,8 +230,12 @@ class RemoteLayout:
             rest = parts[2:]
             if rest == ["entry.json"]:
                 entry.entry_json = size
-            elif len(rest) == 2 and rest[0] == "packs" and (m := PACK_RE.fullmatch(rest[1])):
-                entry.packs[m.group(1)] = size
+            elif len(rest) == 2 and rest[0] == "packs" and (m := REMOTE_PACK_RE.fullmatch(rest[1])):
+                if m.group(2):  # compressed: the form a download prefers
+                    entry.compressed.add(m.group(1))
+                    entry.packs[m.group(1)] = size
+                elif m.group(1) not in entry.compressed:
+                    entry.packs[m.group(1)] = size
             elif len(rest) == 2 and rest[0] == "used":
                 entry.uses.append(rest[1])
         for entry in out.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, BinaryIO
 
 from .._paths import check_member_name
 from ..errors import CorruptPackError
+from . import compression
 from .pack import (
     CHUNK,
     FLAG_SIGNED,
@@ -215,9 +217,16 @@ def open_pack_file(
     limits: PackLimits | None = None, close: bool = True,
 ) -> CheckedPack:
     """:func:`open_pack` on an open binary file (read with ``pread``); the pack keeps it open
-    (``close``: closed with the pack, and when checking fails)."""
+    (``close``: closed with the pack, and when checking fails).
+
+    A compressed pack (one zstd frame, :mod:`.compression`) is expanded first, bounded by the
+    pack size limit from its frame header, into an unlinked temp file the pack reads instead.
+    """
     fd = fh.fileno()
     try:
+        if compression.is_compressed(os.pread(fd, 4, 0)):
+            fh = _expanded(fh, limits or PackLimits.from_config(), close)
+            fd, close = fh.fileno(), True
         size = os.fstat(fd).st_size
         return open_pack(lambda offset, n: os.pread(fd, n, offset), size, signing_key=signing_key,
                          key=key, limits=limits, closer=fh.close if close else None)
@@ -225,6 +234,23 @@ def open_pack_file(
         if close:
             fh.close()
         raise
+
+
+def _expanded(fh: BinaryIO, limits: PackLimits, close: bool) -> BinaryIO:
+    """A compressed pack file ``fh`` expanded into an unlinked temp file (``fh`` closed with
+    ``close``), bounded by ``limits`` before anything is expanded."""
+    out = tempfile.TemporaryFile()
+    try:
+        fh.seek(0)
+        compression.decompress(fh.read, out, limits.max_pack_size)
+        out.flush()
+    except BaseException:
+        out.close()
+        raise
+    finally:
+        if close:
+            fh.close()
+    return out  # type: ignore[return-value]
 
 
 class PackMembers(Mapping[str, bytes]):
@@ -286,10 +312,12 @@ def decode_pack(
     data: bytes, *, signing_key: bytes | None = None, key: str | None = None,
     limits: PackLimits | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Check and decode a whole pack held in memory: ``(header, members)``.
+    """Check and decode a whole pack held in memory (compressed or not): ``(header, members)``.
 
     The same checks as :func:`open_pack` (and its exceptions).
     """
+    if compression.is_compressed(data):
+        data = compression.decompress_bytes(data, (limits or PackLimits.from_config()).max_pack_size)
     view = memoryview(data)
     checked = open_pack(lambda offset, n: bytes(view[offset : offset + n]), len(view),
                         signing_key=signing_key, key=key, limits=limits)

@@ -12,9 +12,12 @@ checks), never with the store itself:
   signature, members, its content name) before it is put in place; then restore from local disk.
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
-* **publish**: write locally, then put each pack the URL lacks. Packs are named by their content,
-  so a put is a plain put; ``If-None-Match`` (where the backend has it) only saves a duplicate
-  upload, correctness never depends on it.
+* **publish**: write locally, then put each pack the URL lacks, zstd-compressed as
+  ``<hash>.pack.zst`` (:mod:`.compression`; ``COMPILE_CACHE_PACK_COMPRESSION=0``: ``<hash>.pack``
+  as it is). Packs are named by their content, so a put is a plain put; ``If-None-Match``
+  (where the backend has it) only saves a duplicate upload, correctness never depends on it.
+  A download expands a compressed pack (bounded by its frame header) before its checks; the
+  local tier holds packs uncompressed, and ``.pack`` objects of earlier versions still load.
 * **last use**: one empty, append-only object per use (``used/<time>-<host>-<pid>-<rand>``, at
   most one per key and process an hour): no read-modify-write.
 * **stats**: every process writes its own counters object; ``stats`` sums them.
@@ -40,12 +43,13 @@ from typing import Any
 from .. import config
 from .._paths import temp_path
 from ..errors import CorruptPackError, StoreError
-from . import maintenance
+from . import compression, maintenance
 from ._io import MAX_JSON_BYTES, json_bytes, json_object, parse_json, warn_once
 from .backends import RemoteError, TooLargeError, is_url, open_backend, redact
+from .compression import SUFFIX
 from .counters import COUNTERS, add_counts
 from .layout import RemoteEntry, RemoteLayout
-from .pack import MAX_HEADER_BYTES, PackLimitError, read_pack_header_from
+from .pack import MAX_HEADER_BYTES, PREFIX_SIZE, PackLimitError, read_pack_header_from
 from .parts import StoreParts
 from .records import EntryInfo, EvictionPlan, PackInfo
 
@@ -148,11 +152,12 @@ class RemoteTier:
                 data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
                 if data is not None and json_object(data)[0] is not None:
                     self.local.fs.write(local_json, data, fsync=False)
-            moved = downloaded = 0
+            moved = stored = downloaded = 0
             for name in missing:
-                size = self._download(key, name)
+                size = self._download(key, name, self.layout.pack_object_of(entry, name))
                 if size:
                     moved += size
+                    stored += self.local.layout.pack_path(key, name).stat().st_size
                     downloaded += 1
         except RemoteError as exc:
             if strict:
@@ -163,38 +168,61 @@ class RemoteTier:
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         if downloaded:
-            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=moved)
+            # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
+            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
         return moved
 
-    def _download(self, key: str, name: str) -> int:
-        """One pack into the local tier (temp file, checked, fsync, rename); its size or 0."""
+    def _download(self, key: str, name: str, obj: str) -> int:
+        """One pack object ``obj`` into the local tier (temp file, expanded if compressed,
+        checked, fsync, rename); the bytes moved, or 0. The local tier holds packs uncompressed:
+        loads read members in place."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
-        out = self.local.fs.create(tmp)  # in the entry, reached through no link
+        raw = temp_path(target) if obj.endswith(SUFFIX) else tmp
+        limit = self.local.checker.limits.max_pack_size
         try:
-            with out:
+            with self.local.fs.create(raw) as out:  # in the entry, reached through no link
                 try:
-                    size = self.backend.download(self.layout.pack_object(key, name), out, self.local.checker.limits.max_pack_size)
+                    size = self.backend.download(obj, out, limit)
                 except FileNotFoundError:
                     return 0  # evicted meanwhile: a miss for this pack
                 except TooLargeError as exc:
-                    self._corrupt(key, name, exc, None, keep=True)
+                    self._corrupt(key, name, exc, None, obj, keep=True)
                     return 0
                 out.flush()
-                os.fsync(out.fileno())
+                if raw == tmp:
+                    os.fsync(out.fileno())
+            if raw != tmp:
+                problem = self._expand(raw, tmp, limit)
+                if problem is not None:
+                    self._corrupt(key, name, problem, raw, obj, keep=isinstance(problem, PackLimitError))
+                    return 0
             problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
             if problem is not None:
                 # Over this reader's limits is not broken for every reader: left in place.
-                self._corrupt(key, name, problem, tmp, keep=isinstance(problem, PackLimitError))
+                self._corrupt(key, name, problem, raw, obj, keep=isinstance(problem, PackLimitError))
                 return 0
             self.local.fs.rename(tmp, target)
             return size
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                self.local.fs.unlink(tmp)
+            for path in {raw, tmp}:
+                with contextlib.suppress(FileNotFoundError):
+                    self.local.fs.unlink(path)
+
+    def _expand(self, raw: Path, tmp: Path, limit: int) -> CorruptPackError | None:
+        """Expand the compressed pack ``raw`` into ``tmp`` (bounded: :func:`.compression.decompress`);
+        None, or why it cannot be."""
+        try:
+            with self.local.fs.open_read(raw) as src, self.local.fs.create(tmp) as out:
+                compression.decompress(src.read, out, limit)
+                out.flush()
+                os.fsync(out.fileno())
+        except CorruptPackError as exc:
+            return exc
+        return None
 
     def _corrupt(self, key: str, name: str, exc: BaseException, local: Path | None,
-                 *, keep: bool = False) -> None:
+                 obj: str, *, keep: bool = False) -> None:
         """A pack object that fails its checks: counted, warned once, moved to the URL's
         quarantine (kept there a week for inspection), or (``keep``, read-only) skipped by this
         process."""
@@ -202,7 +230,7 @@ class RemoteTier:
         if not self.local.fs.read_only and not keep and local is not None:
             try:
                 self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
-                self.backend.delete([self.layout.pack_object(key, name)])
+                self.backend.delete([obj])
                 where = "moved to the store's quarantine"
             except RemoteError as err:
                 logger.debug("could not set %s aside: %s", name, err)
@@ -225,16 +253,11 @@ class RemoteTier:
                 self.backend.put_if_absent(self.layout.entry_json(key),
                                            self.local.fs.read(local_json, MAX_JSON_BYTES))
             for path in self.local.layout.pack_paths(key):
-                if path.stem in entry.packs:
+                if path.stem in entry.packs:  # in either form
                     continue
-                name = self.layout.pack_object(key, path.stem)
-                with self.local.fs.open_read(path) as fh:  # no link, no FIFO: a regular file of ours
-                    size = os.fstat(fh.fileno()).st_size
-                    if size <= _CONDITIONAL_PUT_MAX:
-                        if not self.backend.put_if_absent(name, fh.read()):
-                            continue  # another node put the same content first
-                    else:
-                        self.backend.put_file(name, str(path))
+                size = self._put_pack(key, path)
+                if size is None:
+                    continue  # another node put the same content first
                 written += 1
                 nbytes += size
         except RemoteError as exc:
@@ -246,6 +269,33 @@ class RemoteTier:
         if written:
             self.local.counters.bump(remote_uploads=written, bytes_uploaded=nbytes)
         return written
+
+    def _put_pack(self, key: str, path: Path) -> int | None:
+        """Put the local pack at ``path``, compressed (``COMPILE_CACHE_PACK_COMPRESSION``) as
+        ``<hash>.pack.zst``, or as it is at level 0; the bytes sent, None if another node had
+        put it first."""
+        lvl = compression.level()
+        name = self.layout.pack_object(key, path.stem, compressed=lvl > 0)
+        with self.local.fs.open_read(path) as fh:  # no link, no FIFO: a regular file of ours
+            size = os.fstat(fh.fileno()).st_size
+            if size <= _CONDITIONAL_PUT_MAX:
+                data = fh.read(size)
+                if lvl:
+                    data = compression.compress(data, lvl)
+                return len(data) if self.backend.put_if_absent(name, data) else None
+            if not lvl:
+                self.backend.put_file(name, str(path))
+                return size
+            self.local.fs.mkdirs(self.local.layout.tmp_dir)
+            tmp = temp_path(self.local.layout.tmp_dir / f"push-{path.stem}.pack.zst")
+            try:
+                with self.local.fs.create(tmp) as out:
+                    sent = compression.compress_file(fh, size, out, lvl)
+                self.backend.put_file(name, str(tmp))
+                return sent
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    self.local.fs.unlink(tmp)
 
     def record_use(self, key: str) -> None:
         """Append one use object for ``key`` (at most one per process and hour)."""
@@ -298,7 +348,7 @@ class RemoteTier:
                     with self.local.fs.open_read(local) as fh:
                         header, signed, _ = read_pack_header_from(fh)
                 else:
-                    header, signed = self._remote_header(key, name)
+                    header, signed = self._remote_header(self.layout.pack_object_of(entry, name))
                 packs.append(PackInfo.from_header(key, name, local, size, header, signed))
             except (OSError, CorruptPackError, TypeError, ValueError, AttributeError):
                 continue  # a broken header: skipped here (a load counts it)
@@ -308,12 +358,15 @@ class RemoteTier:
         return EntryInfo(key=key, metadata=metadata, packs=tuple(packs), size=entry.size,
                          created=created, last_used=entry.last_used, path=self.local.layout.entry_dir(key))
 
-    def _remote_header(self, key: str, name: str) -> tuple[dict[str, Any], bool]:
-        """A pack object's header from its first bytes (a second, longer read if it is long)."""
-        obj = self.layout.pack_object(key, name)
+    def _remote_header(self, obj: str) -> tuple[dict[str, Any], bool]:
+        """A pack object's header from its first bytes (a second, longer read if it is long;
+        a compressed one's first bytes expanded as far as the header needs)."""
         for n in (1 << 16, MAX_HEADER_BYTES + 64):
             try:
-                header, signed, _ = read_pack_header_from(io.BytesIO(self.backend.head(obj, n)))
+                data = self.backend.head(obj, n)
+                if compression.is_compressed(data):
+                    data = compression.decompress_head(data, MAX_HEADER_BYTES + PREFIX_SIZE + 4)
+                header, signed, _ = read_pack_header_from(io.BytesIO(data))
                 return header, signed
             except CorruptPackError:
                 if n > 1 << 16:

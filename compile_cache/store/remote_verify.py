@@ -38,9 +38,10 @@ def verify(tier: RemoteTier, temp_age: float, labels: Any) -> VerifyReport:
             fixes.append(lambda k=key: backend.delete([layout.entry_json(k)]))
         for name in entry.packs:
             report.checked_packs += 1
-            where = f"{shown}/{layout.pack_object(key, name)}"
+            obj = layout.pack_object_of(entry, name)
+            where = f"{shown}/{obj}"
             try:
-                problem = _check_object(tier, key, name, labels)
+                problem = _check_object(tier, key, name, obj, labels)
             except OSError as exc:  # this node's error: counted; the bucket's pack is kept
                 report.unchecked.append((where, f"{errno_name(exc)}: {exc}"))  # type: ignore[arg-type]
                 tier.local.counters.bump(errors=1, errors_by_kind={errno_name(exc): 1})
@@ -51,7 +52,7 @@ def verify(tier: RemoteTier, temp_age: float, labels: Any) -> VerifyReport:
                 report.other_signer_packs.append(where)  # type: ignore[arg-type]
             elif problem is not None:
                 report.corrupt_packs.append((where, str(problem)))  # type: ignore[arg-type]
-                fixes.append(lambda k=key, n=name: _quarantine(tier, k, n))
+                fixes.append(lambda k=key, n=name, o=obj: _quarantine(tier, k, n, o))
         if not entry.packs and now - entry.newest > temp_age:
             report.empty_entries.append(f"{shown}/{layout.entry_dir(key)}")  # type: ignore[arg-type]
             fixes.append(lambda k=key: backend.delete(tier.objects(k)))
@@ -70,8 +71,8 @@ def verify(tier: RemoteTier, temp_age: float, labels: Any) -> VerifyReport:
     return report
 
 
-def _download(tier: RemoteTier, key: str, name: str, body: Callable[[str, Any], Any]) -> Any:
-    """Download one pack object to a temp file of the local tier (bounded by the pack size
+def _download(tier: RemoteTier, obj: str, name: str, body: Callable[[str, Any], Any]) -> Any:
+    """Download the pack object ``obj`` (of pack ``name``) to a temp file of the local tier (bounded by the pack size
     limit: what is over it is a :class:`TooLargeError`), call ``body`` with its path, delete it.
     None when the object is gone."""
     local = tier.local
@@ -81,7 +82,7 @@ def _download(tier: RemoteTier, key: str, name: str, body: Callable[[str, Any], 
     try:
         with local.fs.create(tmp) as out:
             try:
-                tier.backend.download(tier.layout.pack_object(key, name), out,
+                tier.backend.download(obj, out,
                                       local.checker.limits.max_pack_size)
             except FileNotFoundError:
                 return None
@@ -93,7 +94,7 @@ def _download(tier: RemoteTier, key: str, name: str, body: Callable[[str, Any], 
             local.fs.unlink(tmp)
 
 
-def _check_object(tier: RemoteTier, key: str, name: str, labels: Any) -> BaseException | None:
+def _check_object(tier: RemoteTier, key: str, name: str, obj: str, labels: Any) -> BaseException | None:
     """Download one pack object to a temp file and check it: its problem, or None. A local I/O
     error raises OSError and touches nothing in the bucket."""
     def check(tmp: str, too_large: BaseException | None) -> BaseException | None:
@@ -102,14 +103,14 @@ def _check_object(tier: RemoteTier, key: str, name: str, labels: Any) -> BaseExc
         return tier.local.checker.check_file(tier.local.fs, tmp, key, name, labels,  # type: ignore[arg-type]
                                              keep_other=False)
 
-    return _download(tier, key, name, check)
+    return _download(tier, obj, name, check)
 
 
-def _quarantine(tier: RemoteTier, key: str, name: str) -> None:
+def _quarantine(tier: RemoteTier, key: str, name: str, obj: str) -> None:
     """Move a corrupt pack object to the URL's quarantine (what a download of it gives)."""
     def move(tmp: str, _too_large: BaseException | None) -> None:
         tier.backend.put_file(tier.layout.quarantine_object(key, name), tmp)
-        tier.backend.delete([tier.layout.pack_object(key, name)])
+        tier.backend.delete([obj])
         tier.local.counters.bump(corrupt=1)
 
-    _download(tier, key, name, move)
+    _download(tier, obj, name, move)

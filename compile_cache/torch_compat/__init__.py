@@ -16,8 +16,10 @@ failures, cache entries, recompile limit, the OptimizedModule check), :mod:`.pre
 :mod:`.inductor_cache` (torch's local cache dirs), :mod:`.isa` (Inductor's CPU instruction-set
 probe: the hook and the background builds), :mod:`.cache_use` (which cache entries a compile
 used: capture by use), :mod:`.autotune` (the autotune results its kernels used), :mod:`.cudagraphs`
-(CUDA graphs under precompile and regional compilation), :mod:`.pgo` (Dynamo's job profile), :mod:`.cpp_header` (Inductor's precompiled header, built only when
-needed), :mod:`.c10d` (the default c10d store),
+(CUDA graphs under precompile and regional compilation), :mod:`.pgo` (Dynamo's job profile),
+:mod:`.cpp_header` (Inductor's precompiled header, built only when needed),
+:mod:`.inductor_backend` (``torch.compile``'s Inductor backend without its compile stack until a
+graph compiles), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
 :mod:`.kv` (transformers' KV cache inside compiled regions: :mod:`.kv.cache`, nested graph
 breaks; :mod:`.kv.calls`, how a block with a cache is called: the eager update or a layer view).
@@ -45,7 +47,7 @@ __all__ = [
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
 MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "cache_use",
-           "cpp_header", "autotune", "cudagraphs", "pgo")
+           "cpp_header", "autotune", "cudagraphs", "pgo", "inductor_backend")
 
 
 class TorchCompatWarning(RuntimeWarning):

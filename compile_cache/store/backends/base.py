@@ -11,8 +11,9 @@ place that chooses, and says so in the debug log. fsspec and its protocol packag
 stays small.
 
 Every call gets a bounded retry with backoff (``COMPILE_CACHE_REMOTE_RETRIES``, a timeout of
-``COMPILE_CACHE_REMOTE_TIMEOUT`` per request where the protocol has one); a call that still
-fails raises :class:`RemoteError`, and for a short while after that every call fails at once (a
+``COMPILE_CACHE_REMOTE_TIMEOUT`` per request where the protocol has one), except an error whose
+``retryable`` attribute is False (a 400 or 403: no later try succeeds), raised at once; a call
+that still fails raises :class:`RemoteError`, and for a short while after that every call fails at once (a
 store that is down does not cost each of a job's calls a timeout). A missing object is not a
 fault: :meth:`get` returns None. Credentials come from the protocol's usual chain (environment,
 profile, instance role); nothing here reads, logs or stores them, and :func:`redact` drops any
@@ -70,6 +71,8 @@ class ObjectBackend(Protocol):
     url: str
     #: Which client serves the URL, as doctor and the debug log show it.
     client: str
+    #: Why that client (set by :func:`~.clients.open_backend`; doctor shows it).
+    why: str
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]: ...
     def get(self, name: str, limit: int) -> bytes | None: ...
@@ -86,6 +89,7 @@ class RetryingBackend:
     :class:`RemoteError`, then fail-fast for :data:`DOWN_FOR` seconds."""
 
     client = "?"
+    why = ""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -108,6 +112,11 @@ class RetryingBackend:
                 raise
             except Exception as exc:  # timeouts, 5xx, auth errors: every backend raises its own
                 last = exc
+                if getattr(exc, "retryable", True) is False:  # a 400/403: no later try succeeds
+                    logger.debug("compile cache %s: %s failed, not retried: %s: %s", redact(self.url),
+                                 what, type(exc).__name__, exc)
+                    raise RemoteError(f"{redact(self.url)}: {what} failed: {type(exc).__name__}: "
+                                      f"{one_line(exc)}") from None
                 logger.debug("compile cache %s: %s failed (try %d of %d): %s: %s", redact(self.url),
                              what, attempt + 1, self.attempts, type(exc).__name__, exc)
                 if attempt + 1 < self.attempts:

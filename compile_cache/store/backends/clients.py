@@ -37,8 +37,15 @@ def open_backend(url: str) -> ObjectBackend:
             chosen, why = settings(url)
         if chosen is not None:
             backend: ObjectBackend = S3Backend(url, chosen)
+            backend.why = ("s3:// with keys the small client can sign with: no s3fs, aiobotocore or "
+                           "botocore import")
             logger.debug("compile cache %s: object storage client: %s", redact(url), backend.client)
             return backend
         logger.debug("compile cache %s: object storage client: s3fs (the small S3 client does not "
                      "serve %s)", redact(url), why)
-    return FsspecBackend(url)
+        backend = FsspecBackend(url)
+        backend.why = f"the small S3 client declines this store: {why}"
+        return backend
+    backend = FsspecBackend(url)
+    backend.why = f"{protocol}:// is served through fsspec (the small client is for s3:// only)"
+    return backend

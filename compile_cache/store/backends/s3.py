@@ -9,12 +9,21 @@ library. :func:`~compile_cache.store.backends.clients.open_backend` uses it when
 environment or a profile); everything else goes to s3fs.
 
 Requests: ListObjectsV2 (paginated), GET (whole, or streamed with a size cap), a ranged GET for a
-header, PUT (``If-None-Match: *`` for a conditional put: 412 means it exists), HEAD and DELETE;
-path-style addressing against a configured endpoint, virtual-hosted against AWS. Faults are the
-shared ones (:class:`~compile_cache.store.backends.base.RetryingBackend`): a timeout, a connection
-error, a 5xx, a 429 or a 403 raises :class:`S3Error` (the status and S3's error code, never a
-header), which is retried, then becomes :class:`~compile_cache.store.backends.base.RemoteError`; a 404
-is a missing object. One connection per thread, kept alive, dropped after any error.
+header, PUT (``If-None-Match: *`` for a conditional put: 412 means it exists, and 409
+``ConditionalRequestConflict``, a concurrent conditional write AWS documents, means another node
+is writing it: neither is a fault, objects put this way are named by their content), HEAD and
+DELETE; path-style addressing against a configured endpoint, virtual-hosted against AWS.
+
+Faults are the shared ones (:class:`~compile_cache.store.backends.base.RetryingBackend`): a
+timeout, a connection error, a 5xx or a 429 raises :class:`S3Error` (the status and S3's error
+code, never a header), which is retried, then becomes
+:class:`~compile_cache.store.backends.base.RemoteError`. A 4xx that cannot succeed by trying
+again (400, 403, 405...: ``S3Error.retryable`` is False) becomes one at once; a 404 is a missing
+object. A bucket in another region than the one configured answers with a redirect naming its
+region (``x-amz-bucket-region``, or ``<Region>`` in the body): the request is signed for that
+region and sent once more (to that region's AWS host), and the client keeps it; a second
+redirect is an error that names the bucket's region. One connection per thread, kept alive,
+dropped after any error.
 """
 
 from __future__ import annotations
@@ -52,13 +61,25 @@ _CODE_RE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _CODE_CHARS = re.compile(r"[^A-Za-z0-9 ._-]")
 
 
-class S3Error(OSError):
-    """An S3 response that is a fault: its HTTP status and S3's error code (nothing else)."""
+#: Error codes S3 answers with a 4xx that a later try can succeed with.
+_RETRYABLE_CODES = frozenset({"RequestTimeout", "SlowDown", "Throttling", "ThrottlingException",
+                              "RequestTimeTooSkewed", "OperationAborted", "InternalError"})
+_REGION_RE = re.compile(rb"<Region>([a-z0-9-]{1,40})</Region>")
+_REGION_CHARS = re.compile(r"[a-z0-9-]{1,40}")
 
-    def __init__(self, status: int, code: str, what: str) -> None:
-        super().__init__(f"HTTP {status} {code} ({what})")
+
+class S3Error(OSError):
+    """An S3 response that is a fault: its HTTP status and S3's error code (nothing else).
+
+    ``retryable``: whether trying again can succeed (a 5xx, 408, 429, or a 4xx whose code says
+    so); a 400, 403 or 405 cannot, and is not retried.
+    """
+
+    def __init__(self, status: int, code: str, what: str, detail: str = "") -> None:
+        super().__init__(f"HTTP {status} {code} ({what}){detail}")
         self.status = status
         self.code = code
+        self.retryable = status >= 500 or status in (408, 429) or code in _RETRYABLE_CODES
 
 
 class _Deadline:
@@ -191,7 +212,46 @@ class S3Backend(RetryingBackend):
                  headers: dict[str, str] | None = None, body: bytes | IO[bytes] | None = None,
                  length: int = 0, sha256: str = EMPTY_SHA256, ok: tuple[int, ...] = (200,)) -> _Response:
         """Send one signed request; returns the response (its body unread) if its status is in
-        ``ok``; raises FileNotFoundError on 404 (unless ``ok`` has it), :class:`S3Error` else."""
+        ``ok``; raises FileNotFoundError on 404 (unless ``ok`` has it), :class:`S3Error` else.
+        A redirect to the bucket's region is followed once (see the module docstring)."""
+        try:
+            return self._send(method, key, what, query, headers, body, length, sha256, ok)
+        except _RegionRedirect as moved:
+            region = moved.region
+        self.follow_region(region)
+        if body is not None and not isinstance(body, bytes):
+            body.seek(0)
+        try:
+            return self._send(method, key, what, query, headers, body, length, sha256, ok)
+        except _RegionRedirect as again:
+            raise S3Error(again.status, "PermanentRedirect", what,
+                          f": the bucket {self.bucket!r} is in region {again.region!r} "
+                          f"(set AWS_REGION={again.region})") from None
+
+    def follow_region(self, region: str) -> None:
+        """Sign for ``region`` from now on (and, on AWS's own endpoint, talk to its host)."""
+        import dataclasses
+
+        host = self._s.host
+        if self._s.endpoint is None:
+            host = (f"s3.{region}.amazonaws.com" if self._s.path_style
+                    else f"{self.bucket}.s3.{region}.amazonaws.com")
+        self._s = dataclasses.replace(self._s, region=region, host=host)
+        self.drop()
+
+    @property
+    def host(self) -> str:
+        """The host requests go to."""
+        return self._s.host
+
+    @property
+    def region(self) -> str:
+        """The region requests are signed for (the configured one, or the bucket's after a redirect)."""
+        return self._s.region
+
+    def _send(self, method: str, key: str, what: str, query: dict[str, str] | None,
+              headers: dict[str, str] | None, body: bytes | IO[bytes] | None, length: int,
+              sha256: str, ok: tuple[int, ...]) -> _Response:
         query = query or {}
         path = f"/{self.bucket}/{key}" if self._s.path_style else f"/{key}"
         signed = {"host": self._s.host, **(headers or {})}
@@ -235,6 +295,13 @@ class S3Backend(RetryingBackend):
         found = _CODE_RE.search(data)
         code = found.group(1).decode("ascii", "replace") if found else http.client.responses.get(out.status, "")
         code = _CODE_CHARS.sub("", code)[:64]  # the server's text: no newline reaches a warning
+        if out.status in (301, 307, 400):
+            region = _bucket_region(resp.getheader("x-amz-bucket-region"), data)
+            if region is not None and region != self._s.region:
+                raise _RegionRedirect(out.status, region)
+            if region is not None:  # signed for the region it names, and still sent elsewhere
+                raise S3Error(out.status, code, what, f": the bucket {self.bucket!r} is in region "
+                              f"{region!r} (set AWS_REGION={region})")
         if out.status == 404:
             raise FileNotFoundError(f"{redact(self.url)}: {what}: {code or 'not found'}")
         raise S3Error(out.status, code, what)
@@ -354,13 +421,16 @@ class S3Backend(RetryingBackend):
 
     def _put(self, name: str, body: bytes | IO[bytes], length: int, sha256: str,
              headers: dict[str, str] | None = None) -> bool:
-        """One PUT; False on 412 (``If-None-Match`` and the object exists)."""
+        """One PUT; False when a conditional one (``If-None-Match``) finds the object there
+        (412) or being written by another node (409 ``ConditionalRequestConflict``)."""
         if length > MAX_PUT:
             raise RemoteError(f"{redact(self.url)}/{name}: {length} bytes is over a single PUT's limit")
+        conditional = bool(headers and "if-none-match" in headers)
         resp = self._request("PUT", self._key(name), f"writing {name}", headers=headers, body=body,
-                             length=length, sha256=sha256, ok=(200, 201, 204, 412))
+                             length=length, sha256=sha256,
+                             ok=(200, 201, 204, 409, 412) if conditional else (200, 201, 204))
         self._read_all(resp, _ERROR_BODY)
-        return resp.status != 412
+        return resp.status not in (409, 412)
 
     def put(self, name: str, data: bytes) -> None:
         """Write ``name`` whole (object stores make a put atomic: readers see old or new)."""
@@ -420,6 +490,22 @@ class S3Backend(RetryingBackend):
                 resp = self._request("DELETE", key, "deleting", ok=(200, 204, 404))
                 self._read_all(resp, _ERROR_BODY)
         self._call(f"deleting {len(keys)} object(s)", remove)
+
+
+class _RegionRedirect(Exception):
+    """A bucket's answer that it lives in ``region`` (followed once by :meth:`S3Backend._request`)."""
+
+    def __init__(self, status: int, region: str) -> None:
+        super().__init__(region)
+        self.status, self.region = status, region
+
+
+def _bucket_region(header: str | None, body: bytes) -> str | None:
+    """The region a redirect names: ``x-amz-bucket-region``, else ``<Region>`` in its body."""
+    if header and _REGION_CHARS.fullmatch(header.strip()):
+        return header.strip()
+    found = _REGION_RE.search(body)
+    return found.group(1).decode("ascii") if found else None
 
 
 def _mtime(text: str | None) -> float:
