@@ -199,11 +199,36 @@ def test_a_block_that_stores_gelu_precompiles_and_notices_a_swap() -> None:
     ("len(args) == 1", ("layer_idx",), "called with different arguments", "per-block values"),
     ("self._modules['attn'].mode == 'a'", ("attn.mode", "layer_idx"),
      "per-block values (attribute(s) read by forward: attn.mode)", "layer_idx"),
+    # an argument's value (Llama's generate: a number the blocks are called with)
+    ("args[1] == 0", ("layer_idx",), "different values of an argument", "per-block values"),
+    ("L['args'][1] == 0", ("layer_idx",), "different values of an argument", "layer_idx"),
+    ("kwargs['is_causal'] == True", ("is_causal",), "different values of an argument",
+     "per-block values"),
+    # a tensor's size or stride: an input change
+    ("args[0].stride()[0] == 8", ("layer_idx",), "other sizes, strides", "per-block values"),
+    ("tensor 'args[0]' stride mismatch at index 0. expected 8, actual 1", ("layer_idx",),
+     "other sizes, strides", "layer_idx"),
+    ("kwargs['hidden_states'].size()[1] == 8", ("layer_idx",), "other sizes, strides",
+     "per-block values"),
+    # grad mode is grad mode (T5 from eval to training was blamed on is_causal)
+    ("GLOBAL_STATE changed: grad_mode", ("SelfAttention.is_causal",), "grad mode", "is_causal"),
 ])
 def test_the_recompile_cause_names_the_failing_guard(guard: str, varying: tuple[str, ...],
                                                      says: str, never: str) -> None:
     cause, _fix = recompile_cause(guard, varying)
     assert says in cause and guard in cause and never not in cause, cause
+
+
+def test_a_kv_cache_group_is_told_the_guard_that_failed_first() -> None:
+    """The newest entry failed on an argument's value; an older one on the cache of its layer.
+    The warning names the first (it is what differs between the two blocks' calls)."""
+    reasons = "0/1: args[1] == 0\n0/0: kwargs['past_key_values'].layers[0].is_initialized == False"
+    cause, _fix = recompile_cause("args[1] == 0", ("layer_idx",), reasons, takes_cache=True)
+    assert "args[1] == 0" in cause and "different values of an argument" in cause, cause
+    assert "KV cache" not in cause and "layer_idx" not in cause, cause
+    guard = "kwargs['past_key_values'].layers[0].is_initialized == False"
+    cause, _fix = recompile_cause(guard, ("layer_idx",), guard, takes_cache=True)
+    assert "KV cache at each block's own layer index" in cause and guard in cause, cause
 
 
 class _Runner:  # what on_recompile needs of a _RegionRunner: only its identity
@@ -270,6 +295,66 @@ def test_blocks_called_with_none_and_a_tensor_are_told_so() -> None:
             model(torch.randn(2, D))
     (msg,) = [str(w.message) for w in caught if w.category is RegionRecompileWarning]
     assert "different arguments" in msg and "bias" in msg and "layer_idx" not in msg, msg
+
+
+class ValueBlock(nn.Module):
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.layer_idx = idx
+
+    def forward(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
+        return self.lin(x) * 2 if first == 0 else self.lin(x)
+
+
+class LayoutBlock(ValueBlock):
+    def forward(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
+        return self.lin(x.contiguous()) if x.stride()[0] == 1 else self.lin(x)
+
+
+class CallStack(nn.Module):
+    """Calls block i with ``first=i`` (value) or every other block with a transposed input."""
+
+    def __init__(self, block: type[ValueBlock], how: str) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([block(i) for i in range(3)])
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if self.how == "value":
+                x = block(x, i)
+            else:
+                x = block(x.t().contiguous().t() if i % 2 else x.contiguous())
+        return x
+
+
+@pytest.mark.parametrize(("block", "how"), [(ValueBlock, "value"), (LayoutBlock, "layout")])
+def test_an_argument_value_or_layout_is_not_blamed_on_a_block_attribute(
+    block: type[ValueBlock], how: str
+) -> None:
+    """Real Dynamo guards (eager backend): ``args[1] == 0`` is an argument's value, told so; a
+    stride guard is an input change, torch's business as with plain torch.compile (no warning).
+    Neither is "per-block values" of ``layer_idx``."""
+    import compile_cache
+
+    model, x = CallStack(block, how), torch.randn(D, D)
+    with torch.no_grad():
+        want = model(x)
+    compile_cache.compile_regions(model, cache_dir=False, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            assert torch.allclose(model(x), want)
+    got = [str(w.message) for w in caught if w.category is RegionRecompileWarning]
+    if how == "value":
+        (msg,) = got
+        assert "failing guard: args[1] == 0" in msg and "different values of an argument" in msg
+        assert "layer_idx" not in msg and "per-block values" not in msg, msg
+    else:
+        assert got == [], got
+        (stats,) = compile_cache.region_stats(model).values()
+        assert stats["cache_entries"] == 2 and stats["block_recompiles"] == 0, stats
 
 
 # ------------------------------------------------------------------------------- plan, reports
@@ -340,3 +425,25 @@ def test_a_block_is_a_kv_cache_block_only_once_a_call_passes_a_cache() -> None:
     assert [route(x), route(x, None)] == ["p", "p"] and events == []  # an encoder's calls
     assert route(x, DynamicCache()) == "q" and events == ["cache"]
     assert route(x, DynamicCache()) == "q" and events == ["cache"]  # reported once
+
+
+def test_a_saved_tensor_whose_grad_no_guard_reads_unpickles() -> None:
+    """A graph traced after a backward (T5's generate() after a training step) saved its guarded
+    parameters with a ``.grad`` outside the guard tree, as a placeholder that torch's unpickling
+    assigned to ``.grad`` (TypeError): the entry could not be checked or loaded on a fresh node.
+    Loaded, that grad is None."""
+    import pickle
+
+    import torch._dynamo.guards as dynamo_guards
+
+    from compile_cache.torch_compat.precompile import _load_unsaved_grads
+
+    weight = nn.Parameter(torch.randn(2, 3))
+    weight.grad = torch.ones(2, 3)
+    args = (torch.empty_like(weight, device="meta", requires_grad=True), weight.device,
+            torch.Tensor, torch._C._dispatch_keys(weight).raw_repr(), dynamo_guards._Missing("x"))
+    saved = pickle.dumps((dynamo_guards.GuardsStatePickler._unpickle_tensor, args))
+    _load_unsaved_grads()
+    fn, loaded_args = pickle.loads(saved)  # noqa: S301 - our own bytes
+    fake = fn(*loaded_args)
+    assert fake.grad is None and tuple(fake.shape) == (2, 3) and fake.requires_grad

@@ -227,6 +227,7 @@ class PrecompiledFunction:
         import torch._dynamo.config as dynamo_config
         from torch._guards import TracingContext, tracing
 
+        _load_unsaved_grads()  # before the values check unpickles the entry's guards
         declined = self._check_entry_before_loading(record)
         if declined is not None:
             self._decline(declined)
@@ -612,6 +613,32 @@ def _quiet_guard_pickling() -> None:
 
     pickle_guards_state._compile_cache_quiet = True  # type: ignore[attr-defined]
     dynamo_guards.pickle_guards_state = pickle_guards_state
+
+
+def _load_unsaved_grads() -> None:
+    """Torch pickles a guarded tensor with its ``.grad`` (``GuardsStatePickler``); a ``.grad``
+    that no guard reads is not in the guard tree and is saved as a ``_Missing`` placeholder,
+    which unpickling then assigns to the rebuilt fake tensor's ``.grad``: ``TypeError: assigned
+    grad expected to be a Tensor or None``, and the entry cannot load. That is every graph traced
+    after a backward left gradients on the parameters (T5: ``generate()`` after a training step
+    without ``zero_grad``). A grad no guard reads is rebuilt as None: the guards built from the
+    tensor never look at it (a guard that did would have put it in the tree, saved for real)."""
+    import torch._dynamo.guards as dynamo_guards
+
+    pickler = getattr(dynamo_guards, "GuardsStatePickler", None)
+    missing = getattr(dynamo_guards, "_Missing", None)
+    original = getattr(pickler, "_unpickle_tensor", None)
+    if original is None or missing is None or getattr(original, "_compile_cache_grads", False):
+        return
+    unpickle = original.__func__
+
+    def _unpickle_tensor(cls: type, *args: Any) -> Any:
+        if args and isinstance(args[-1], missing):
+            args = (*args[:-1], None)
+        return unpickle(cls, *args)
+
+    _unpickle_tensor._compile_cache_grads = True  # type: ignore[attr-defined]
+    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
 
 
 def _caused_by(exc: BaseException | None, kind: type) -> bool:
