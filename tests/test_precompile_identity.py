@@ -447,3 +447,29 @@ def test_a_saved_tensor_whose_grad_no_guard_reads_unpickles() -> None:
     fn, loaded_args = pickle.loads(saved)  # noqa: S301 - our own bytes
     fake = fn(*loaded_args)
     assert fake.grad is None and tuple(fake.shape) == (2, 3) and fake.requires_grad
+
+
+class TrainBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+def test_precompile_in_training_gives_no_torch_warning_plain_compile_does_not() -> None:
+    """Torch pickles a traced frame's guards for the entry, reading each guarded tensor's
+    ``.grad``: a non-leaf input (an activation) warned "The .grad attribute of a Tensor that is
+    not a leaf Tensor is being accessed" from torch/_dynamo/guards.py, once per training frame
+    (Mixtral, T5); plain torch.compile saves nothing and gives none."""
+    fn = pc.region_function(_tramp, f"test_train_{uuid.uuid4().hex[:12]}")
+    pf = pc.PrecompiledFunction(fn, {"backend": "eager"})
+    block, leaf = TrainBlock().train(), torch.randn(2, D, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = leaf * 2  # a non-leaf tensor that requires grad, as every block's input in training
+        pf(block, x).sum().backward()
+    assert pf.status == "new" and leaf.grad is not None
+    torch_warnings = [f"{w.filename}: {w.message}" for w in caught if "torch" in w.filename]
+    assert not [w for w in torch_warnings if "guards.py" in w or "leaf Tensor" in w], torch_warnings
