@@ -175,15 +175,6 @@ def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One machine (a ``node`` for :func:`fresh_node_env`) shared by every publisher of the
-    session: its TMPDIR, HOME and inductor dirs persist, so only the first process pays the
-    precompiled header and ISA builds (8-15 s each on a fresh TMPDIR). A publisher need not be a
-    fresh node; the node that restores must be (its own :func:`fresh_node_env`)."""
-    return tmp_path_factory.mktemp("build_machine")
-
-
 def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]:
     """Runs tests/SCRIPT on ``node`` (:func:`fresh_node_env`); its last ``RESULT {json}`` line."""
     done = subprocess.run(
@@ -194,6 +185,16 @@ def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]
     assert done.returncode == 0, done.stderr[-4000:]
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="session")
+def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One node for every publishing process of the session (:func:`fresh_node_env` of it), as
+    a CI runner builds on one machine: its TMPDIR, HOME and Inductor dirs are shared, so torch's
+    precompiled header and ISA probe are built once per session, not once per publisher (8-15 s
+    each). Only a node that restores must be fresh. A publisher that must compile cold (not be
+    served by torch's local cache) compiles models no other publisher here compiles."""
+    return tmp_path_factory.mktemp("build-machine")
 
 
 def drop_precompiled_headers(node: Path) -> None:

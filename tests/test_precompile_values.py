@@ -121,6 +121,37 @@ def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None
     assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
 
 
+@pytest.mark.parametrize("name", ["stored_builtin", "stored_function"])
+def test_an_object_stored_on_the_block_is_recorded_by_identity(
+    nodes: dict[str, Any], name: str
+) -> None:
+    """The publisher's block stores gelu (or a function), the fresh node's relu (or the same
+    function name with other code), with the same structure: the publisher's graph never runs
+    there. Before issue 35 such blocks declined precompile on every node."""
+    publish, load = nodes["publish"][name], nodes["load"][name]
+    _matches_eager(publish)
+    assert [g["status"] for g in _groups(publish)] == ["new"] and publish["warnings"] == []
+    _matches_eager(load)
+    assert load["dynamo_cache_hits"] == 0 and load["frames_traced"] >= 1, load
+    (group,) = _groups(load)
+    assert group["status"] == "declined", group
+    assert "self.act" in group["reason"] and "the block holds another object" in group["reason"]
+    # what the fresh node's block holds, and what the publisher's held
+    want = ("relu", "gelu") if name == "stored_builtin" else ("cc_values_stored_function.act:",) * 2
+    assert want[0] in group["reason"].split(" but was ")[0], group
+    assert want[1] in group["reason"].split(" but was ")[1], group
+
+
+def test_the_same_object_stored_on_the_block_loads(nodes: dict[str, Any]) -> None:
+    publish, load = nodes["publish"]["stored_same"], nodes["load"]["stored_same"]
+    for case in (publish, load):
+        _matches_eager(case)
+        assert case["warnings"] == []
+    assert [g["status"] for g in _groups(publish)] == ["new"]
+    assert [g["status"] for g in _groups(load)] == ["loaded"]
+    assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+
+
 # ----------------------------------------------------------------------- in process, no Inductor
 
 
