@@ -11,6 +11,10 @@ SOURCES := Makefile pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 # the newest whose package.json accepts Node 20 (3.36 wants Node 21, 3.37 Node 22).
 AZURITE_VERSION ?= 3.35.0
 AZURITE_DIR := $(VENV)/azurite
+# Test processes (pytest-xdist), one test file per process at a time (--dist loadfile keeps a
+# file's module fixtures in one process). Most of the suite's time is Inductor compiles in child
+# processes, so two workers on two cores take ~0.6x the serial time. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint bench clean
 
@@ -33,7 +37,7 @@ demo: install
 
 test: install
 	$(PY) -m ruff check compile_cache tests benchmarks
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: install
 	$(PY) -m ruff check compile_cache tests benchmarks
