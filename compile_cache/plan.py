@@ -27,7 +27,7 @@ from .torch_compat import dynamo
 
 __all__ = [
     "REASONS", "RegionGroup", "RegionPlan", "RestPart", "check_module", "plan_regions",
-    "varying_attributes", "whole_plan",
+    "varying_attributes", "whole_plan", "is_part_code",
 ]
 
 
@@ -181,6 +181,12 @@ def abbreviate(names: tuple[str, ...], keep: int = 3) -> str:
 def _class_name(module: nn.Module) -> str:
     cls = type(module)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def is_part_code(code_name: str) -> bool:
+    """Whether ``code_name`` names the code of a part outside the regions (:class:`RestPart`,
+    a whole model's among them), not a region group's."""
+    return code_name.startswith("part_")
 
 
 def _code_name(kind: str, class_name: str, fingerprint: str, variant: str = "") -> str:

@@ -35,6 +35,7 @@ from . import _warnings
 from .capture import VIEWS_SUFFIX
 from .fingerprint import class_lineage
 from .keys import canonical_compile_kwargs, region_devices
+from .plan import is_part_code
 from .store.stats import record_precompile
 from .torch_compat import cudagraphs
 from .torch_compat import precompile as pc
@@ -237,8 +238,11 @@ class GroupPrecompiler:
                 if declined is None and isinstance(record.get("declined"), str):
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
+                # a part outside the regions (a whole model: compile_cache.compile) is not
+                # pinned: its graph breaks would put a decline after frames ran
                 pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
-                    fn, compile_kwargs, declined=declined, record=_record_of(record), block=module)
+                    fn, compile_kwargs, declined=declined, record=_record_of(record), block=module,
+                    pin_block=not is_part_code(code_name))
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
         if pf.status == "unused":

@@ -190,6 +190,24 @@ def test_a_block_that_stores_gelu_precompiles_and_notices_a_swap() -> None:
     assert pf.status == "declined" and "relu" in (pf.declined or "")
 
 
+def test_a_part_compiled_whole_declines_what_a_region_would_pin_before_it_runs() -> None:
+    """A part outside the regions (a whole model: compile_cache.compile) is not pinned: a guard
+    that a region's block would pin declines in the part's first frame, before anything of the
+    call ran, so a later frame's decline (after a graph break) never comes after frames compiled
+    under precompile; the call runs once, compiled without precompile."""
+    fn = pc.region_function(_tramp, f"test_part_{uuid.uuid4().hex[:12]}")
+    pf = pc.PrecompiledFunction(fn, {"backend": "eager"}, pin_block=False)
+    block, x = StoredBlock(), torch.randn(2, D)
+    EAGER.clear()
+    ok, total = counters["frames"]["ok"], counters["frames"]["total"]
+    with torch.no_grad():
+        assert torch.allclose(pf(block, x), block(x))
+    assert pf.status == "declined" and "not pinned" in (pf.declined or ""), pf.declined
+    assert not pf.pins.described()
+    assert EAGER == []  # the part never ran uncompiled
+    assert counters["frames"]["ok"] - ok == 1 and counters["frames"]["total"] - total == 2
+
+
 # ----------------------------------------------------------------------------- recompile warnings
 
 

@@ -18,12 +18,11 @@ import resource
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 from _object_emulators import AZURITE_KEY, AzuriteServer, GcsEmulator
-from _store_helpers import store_warnings_of
+from _store_helpers import damaged_object_read
 from conftest import fresh_node_env
 
 from compile_cache.store import Store
@@ -186,20 +185,7 @@ def test_an_empty_object_reads_as_empty_not_as_a_fault(emulated: str) -> None:
 
 def test_a_damaged_object_is_a_counted_miss(emulated: str, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    info = Store(emulated).publish(K1, MEMBERS, compile_seconds=1.0)
-    store = Store(emulated)
-    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
-    data = bytearray(store.remote.backend.get(name, 1 << 20))
-    data[-10] ^= 0xFF
-    store.remote.backend.put(name, bytes(data))
-    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
-    reader = Store(emulated)
-    with warnings.catch_warnings(record=True) as shown:
-        warnings.simplefilter("always")
-        assert reader.load(K1) == []
-    assert len([m for m in store_warnings_of(shown) if "unusable" in m]) == 1
-    assert reader.stats()["corrupt"] == 1 and reader.stats()["quarantined"] == 1
-    assert not reader.layout.pack_paths(K1)  # never reached the local tier
+    damaged_object_read(emulated, K1, MEMBERS, tmp_path / "tier", monkeypatch)
     # The next node finds nothing to download: the object is in the URL's quarantine.
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier2"))
     assert Store(emulated).load(K1) == []

@@ -182,7 +182,7 @@ class PrecompiledFunction:
 
     def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
                  declined: str | None = None, record: dict[str, Any] | None = None,
-                 block: Any = None) -> None:
+                 block: Any = None, pin_block: bool = True) -> None:
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         from torch._dynamo.package import CompilePackage
@@ -205,6 +205,9 @@ class PrecompiledFunction:
         self._pins_seen = 0
         #: The group's first block (weakly): what a pin on the block is checked on at load.
         self._block = weakref.ref(block) if block is not None else None
+        #: Whether identities stored on the block are pinned (a region's block) or decline in
+        #: the first frame (a part compiled whole: :func:`.guards.make_guard_filter`).
+        self._pin_block = pin_block
         #: False for a decline that depends on this process (a global bound differently): the
         #: store should not remember it for the entry.
         self.decline_persists = True
@@ -237,7 +240,8 @@ class PrecompiledFunction:
         kwargs = dict(self.compile_kwargs)
         options = _mode_options(kwargs)
         options["guard_filter_fn"] = make_guard_filter(self.report, fn.__code__,
-                                                       self._end_call_on_decline)
+                                                       self._end_call_on_decline,
+                                                       pin_block=self._pin_block)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
             # A loaded entry's guards are unpickled inside torch.compile; some sources install a

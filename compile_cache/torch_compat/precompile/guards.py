@@ -294,7 +294,8 @@ class GuardReport:
 
 
 def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = None,
-                      on_region_decline: Callable[[], None] | None = None,
+                      on_region_decline: Callable[[], None] | None = None, *,
+                      pin_block: bool = True,
                       ) -> Callable[[Sequence[Any]], list[bool]]:
     """A ``guard_filter_fn`` for ``torch.compile(options=...)`` that records into ``report`` and
     raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped.
@@ -302,7 +303,11 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
     ``region_code``: the region function's code; in its frame ``self`` is the block, so what is
     stored on the block can be pinned. ``on_region_decline`` is called before raising for that
     frame (nothing of the call has run yet: the caller lets the error end the call, which it
-    runs again without precompile, instead of Dynamo running the frame eagerly)."""
+    runs again without precompile, instead of Dynamo running the frame eagerly).
+    ``pin_block=False`` (a part compiled whole, where graph breaks are common): what would be a
+    pin on the block declines in the region's own frame instead, before anything of the call
+    ran; pinned there, a later frame's decline (after a graph break) would come after frames
+    ran and compiled under precompile, and the part would compile twice."""
     unsupported = unsupported_guard_types()
     lock = threading.Lock()
 
@@ -316,6 +321,10 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
             declined_before = len(report.declined)
             for entry in entries:
                 decision = classify_guard(entry, unsupported, region_frame=region_frame)
+                if not pin_block and decision.reason == PINNED:
+                    decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: a "
+                                             "part compiled whole is not pinned by identity "
+                                             "(declined in its first frame, before it runs)")
                 if decision.action == DROP:
                     if _pinnable(entry, decision):
                         report.pins.setdefault(entry.name, entry.value)
