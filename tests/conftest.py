@@ -197,6 +197,21 @@ def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("build-machine")
 
 
+def run_records(child: Path, node: Path, store: Path, phase: str, tag: str,
+                key: str) -> dict[str, dict[str, Any]]:
+    """Runs the child script ``child`` with ``STORE PHASE`` on ``node`` (:func:`fresh_node_env`)
+    and returns its ``TAG {json}`` lines, by each record's ``key`` field."""
+    done = subprocess.run(
+        [sys.executable, str(child), str(store), phase], env=fresh_node_env(node),
+        capture_output=True, text=True, timeout=1500, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    prefix = f"{tag} "
+    records = [json.loads(line[len(prefix):]) for line in done.stdout.splitlines()
+               if line.startswith(prefix)]
+    return {record[key]: record for record in records}
+
+
 def drop_precompiled_headers(node: Path) -> None:
     """Deletes the 149 MB precompiled headers a node built (tests keep their temp dirs)."""
     for gch in Path(node).rglob("*.gch"):

@@ -17,14 +17,11 @@ helpers), compiled every graph of it twice on a cold node, ran it once uncompile
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fresh_node_env
+from conftest import run_records
 
 CHILD = Path(__file__).with_name("_architectures_child.py")
 ARCHS = ["bert", "vit", "whisper", "bart", "t5", "gemma", "mamba", "qwen2", "mixtral", "clip"]
@@ -42,13 +39,7 @@ DECLINES = {"clip": ("CLIPEncoder", "a global Dynamo installed in this process o
 
 def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
     """Every architecture in one process on the node ``root``: its ``ARCH {json}`` lines."""
-    done = subprocess.run(
-        [sys.executable, str(CHILD), str(store), phase], env=fresh_node_env(root),
-        capture_output=True, text=True, timeout=1500, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    recs = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("ARCH ")]
-    return {r["arch"]: r for r in recs}
+    return run_records(CHILD, root, store, phase, "ARCH", "arch")
 
 
 @pytest.fixture(scope="module")

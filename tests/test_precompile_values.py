@@ -11,14 +11,11 @@ publisher's graph and was 0.9 to 3.6 away from eager.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fresh_node_env
+from conftest import run_records
 
 from compile_cache.torch_compat.precompile.values import ValueRecorder, describe_value, graph_digest
 
@@ -26,13 +23,8 @@ CHILD = Path(__file__).with_name("_precompile_values_child.py")
 
 
 def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, str(CHILD), str(store), phase], env=fresh_node_env(root),
-        capture_output=True, text=True, timeout=1500, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    cases = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("CASE ")]
-    return {c["case"]: c for c in cases}
+    """The child's cases on the node ``root``: its ``CASE {json}`` lines."""
+    return run_records(CHILD, root, store, phase, "CASE", "case")
 
 
 @pytest.fixture(scope="session")
