@@ -1,11 +1,20 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv, install torch
-# (TORCH_SPEC, default torch==2.13.0) and this package with its native extension, then run.
+# (TORCH_SPEC, default torch==2.13.0) and this package with its native extension and extras, and
+# Azurite (the az:// emulator the tests start; needs npm) under $(VENV)/azurite, then run.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.compile_cache-installed
-SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+SOURCES := Makefile pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+# Azurite's blob service for the az:// tests (tests/_object_emulators.py finds it here). 3.35.0:
+# the newest whose package.json accepts Node 20 (3.36 wants Node 21, 3.37 Node 22).
+AZURITE_VERSION ?= 3.35.0
+AZURITE_DIR := $(VENV)/azurite
+# Test processes (pytest-xdist), one test file per process at a time (--dist loadfile keeps a
+# file's module fixtures in one process). Most of the suite's time is Inductor compiles in child
+# processes, so two workers on two cores take ~0.6x the serial time. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint bench clean
 
@@ -15,7 +24,12 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,bench,s3]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,bench,s3,gcs,azure]"
+	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to install Azurite, the az:// test emulator"; exit 1; }
+	test -x $(AZURITE_DIR)/node_modules/.bin/azurite-blob \
+	  && grep -q '"version": "$(AZURITE_VERSION)"' $(AZURITE_DIR)/node_modules/azurite/package.json \
+	  || npm install --prefix $(AZURITE_DIR) --no-audit --no-fund --save-exact --loglevel=error \
+	       azurite@$(AZURITE_VERSION)
 	touch $(STAMP)
 
 demo: install
@@ -23,7 +37,7 @@ demo: install
 
 test: install
 	$(PY) -m ruff check compile_cache tests benchmarks
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: install
 	$(PY) -m ruff check compile_cache tests benchmarks

@@ -23,6 +23,11 @@ TRITON_CACHE_DIR (torch keeps its precompiled header under the temp dir, Triton 
   cc node (warm)    compile_cache on a fresh node with the store cc warm publish filled
   cc plain …        the publish/node pair with precompile=False (FX-graph entries only: Dynamo
                     traces on every start)
+  cc whole …        (with ``full``) compile_cache.compile(model): publish on a fresh node, then a
+                    fresh node that restores (the whole model as one part; precompile default)
+  cc run …          (with ``full``) torch.compile(model) unchanged, started by
+                    ``python -m compile_cache run --name bench``: publish, then a fresh node
+                    (its TTFO includes the restore at interpreter start)
 
 The cc scenarios other than "cc plain" use compile_cache's defaults (with Inductor each region
 group is precompiled, so a node that restores it traces nothing).
@@ -68,6 +73,9 @@ from _common import (  # noqa: E402
 
 TORCH_SCENARIOS = ("cold", "torch warm", "megacache node")
 STRATEGIES = ("eager", "full", "accelerate", "regional")
+#: The issue-37 goals: compile_cache.compile(model) and `run`'s fresh node against full
+#: torch.compile's warm start (warm node) and cold start (fresh node).
+GOAL_WHOLE_VS_WARM, GOAL_WHOLE_VS_COLD = 0.5, 0.15
 
 
 def _child(args: argparse.Namespace) -> dict:
@@ -92,6 +100,11 @@ def _child(args: argparse.Namespace) -> dict:
             pass
         elif args.strategy == "full":
             model = torch.compile(model)
+        elif args.strategy == "whole":  # compile_cache.compile(model): whole, with the store
+            import compile_cache
+
+            precompile = {"default": None, "on": True, "off": False}[args.precompile]
+            model = compile_cache.compile(model, cache_dir=args.store or False, precompile=precompile)
         elif args.strategy == "accelerate":
             from accelerate.utils import compile_regions as accelerate_compile_regions
 
@@ -114,6 +127,17 @@ def _child(args: argparse.Namespace) -> dict:
                 f.write(saved[0])
     from torch._dynamo.utils import counters
 
+    restore = {}
+    process_store = sys.modules.get("compile_cache.process_store")
+    if process_store is not None and process_store.enabled():  # under `compile_cache run`
+        import compile_cache
+
+        report = compile_cache.last_report()
+        # the restore ran at interpreter start (sitecustomize), before t0: count it in TTFO
+        restore = {"run_restore_s": report.restore_seconds if report else 0.0,
+                   "run_restored_packs": report.restored_packs if report else 0}
+        ttfo += restore["run_restore_s"]
+        process_store.flush(600)  # a publisher's packs are in the store before the next node
     precompile = {}
     if args.strategy == "regional" and args.store:
         import compile_cache
@@ -131,17 +155,22 @@ def _child(args: argparse.Namespace) -> dict:
         "frames_traced": counters["frames"]["ok"],  # 0 on a precompile hit
         **kernels.read(),
         **({"precompile": precompile} if precompile else {}),
+        **restore,
     }
 
 
 def _scenario(args: argparse.Namespace, model: str, mode: str, strategy: str, node: str,
-              **extra: str) -> dict:
+              run_store: str | None = None, **extra: str) -> dict:
     """One process on ``node`` (a directory: a fresh node when new, the same machine again when
-    reused; see fresh_node_env)."""
+    reused; see fresh_node_env); with ``run_store``, started by ``python -m compile_cache run
+    --name bench`` with that store (the process store: torch.compile's own compile unchanged)."""
     layers, width = parse_model_spec(model)
     heads = max(1, width // 64)
+    prefix = [] if run_store is None else [
+        "-m", "compile_cache", "run", "--cache-dir", run_store, "--name", "bench", "--",
+        sys.executable]
     argv = [
-        os.path.abspath(__file__), "--child", "--strategy", strategy, "--layers", str(layers),
+        *prefix, os.path.abspath(__file__), "--child", "--strategy", strategy, "--layers", str(layers),
         "--width", str(width), "--heads", str(heads), "--seq", str(args.seq), "--mode", mode,
         "--arch", args.arch, "--device", args.device, "--dtype", args.dtype,
     ]
@@ -229,6 +258,15 @@ def run(args: argparse.Namespace) -> list[dict]:
                         shutil.rmtree(publisher, ignore_errors=True)
                     nodes = [once("regional", fresh("cc"), job, **extra) for _ in range(repeats)]
                     record(model, mode, "regional", node_label, _median_of(nodes))
+                if "full" in args.strategies:  # compile_cache for torch.compile(model) users
+                    for strategy, label, via_run in (("whole", "cc whole", False),
+                                                     ("full", "cc run", True)):
+                        store = os.path.join(tmp, f"{model}-{mode}-store-{strategy}")
+                        kw = {"run_store": store} if via_run else {"store": store}
+                        record(model, mode, strategy, f"{label} publish",
+                               once(strategy, fresh("cc"), job, **kw))
+                        nodes = [once(strategy, fresh("cc"), job, **kw) for _ in range(repeats)]
+                        record(model, mode, strategy, f"{label} node", _median_of(nodes))
                 if args.goal_only:
                     continue
                 # A node whose local dirs are warm publishes into an empty store...
@@ -305,6 +343,13 @@ def ratios(rows: list[dict]) -> list[dict]:
                 "plain_process_vs_eager": process_vs_eager("cc plain node"),
                 "node_vs_megacache": (node / mega) if mega else None,
             })
+        full_warm, full_cold = ttfo("full", "torch warm"), ttfo("full", "cold")
+        for strategy, label in (("whole", "cc whole"), ("full", "cc run")):
+            whole_node = ttfo(strategy, f"{label} node")
+            if whole_node and full_warm and full_cold:
+                out.append({"model": model, "mode": mode, "against": f"full ({label} node)", "what": label,
+                            "node_vs_warm": whole_node / full_warm,
+                            "node_vs_cold": whole_node / full_cold})
     return out
 
 
@@ -402,7 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngoals: cc node <= {GOAL_VS_WARM}x torch warm (warm node) and <= {GOAL_VS_COLD}x "
           f"cold (fresh node); cc node process <= {GOAL_VS_EAGER_PROCESS}x eager process; "
           f"cc node (precompiled, the default) <= {GOAL_PRECOMPILE_VS_WARM}x torch warm")
+    print(f"issue 37 goals: cc whole / cc run node <= {GOAL_WHOLE_VS_WARM}x full torch warm "
+          f"(warm node) and <= {GOAL_WHOLE_VS_COLD}x full cold (fresh node)")
     for s in summary:
+        if "what" in s:
+            print(f"  {s['model']:>7} {s['mode']:<7} {s['what']:<8} vs full: node/warm "
+                  f"{_fmt(s['node_vs_warm'])}  node/cold {_fmt(s['node_vs_cold'])}")
+            continue
         print(f"  {s['model']:>7} {s['mode']:<7} vs {s['against']:<8}: node/warm "
               f"{_fmt(s['node_vs_warm'])}  node/cold {_fmt(s['node_vs_cold'])}  "
               f"process/eager {_fmt(s['process_vs_eager'])}  from-warm-publisher/warm "

@@ -11,12 +11,19 @@ new, empty local tier for the S3 store), side by side in one run:
   s3 node      COMPILE_CACHE_DIR=s3://bench/cache (packs zstd-compressed, the default; the local
                tier starts empty: every pack is downloaded)
   s3 raw node  COMPILE_CACHE_DIR=s3://bench/raw   (the same packs uncompressed, as before issue 39)
+  gcs node     COMPILE_CACHE_DIR=gs://bench/cache (gcsfs, on gcp-storage-emulator; compressed)
+  azure node   COMPILE_CACHE_DIR=az://bench/cache (adlfs, on Azurite's blob service; compressed)
+
+The two emulators are the tests' (tests/_object_emulators.py: gcp-storage-emulator from the test
+extra, Azurite from ``make install``); ``--no-emulators`` leaves them out.
 
 It reports each one's median TTFO (compile call to end of first forward) and whole-process time,
 the FX-graph misses (0 on a real hit), the bytes each start moved (S3: downloaded + uploaded,
 from the local tier's counters; directory: the pack bytes restored) and the ratio s3 / dir.
-It also times, in a fresh process, importing the S3 client and making it (``client_import_s``).
-Goals (issue 39): s3 / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
+Each store's ratio to the directory store is given as the ratio of medians and as the median of
+the paired ratios (node i of a store / dir node i, run back to back: steadier on a loaded machine).
+It also times, in a fresh process, importing each client and making it (``client_import``).
+Goals (issue 39): object storage / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
 
     python benchmarks/bench_remote.py                         # GPT-2 4x256
     python benchmarks/bench_remote.py --models 2x64 --seq 16 --repeats 1   # smoke test
@@ -38,6 +45,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from _common import build_gpt2, machine, parse_model_spec, prime_precompiled_header, run_child  # noqa: E402
 
@@ -47,6 +55,11 @@ URL = "s3://bench/cache"
 RAW_URL = "s3://bench/raw"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
           "AWS_DEFAULT_REGION": "us-east-1"}
+GCS_URL = "gs://bench/cache"
+AZ_URL = "az://bench/cache"
+#: The emulators' client settings (STORAGE_EMULATOR_HOST, AZURE_STORAGE_CONNECTION_STRING...),
+#: given to every node once they run.
+EMULATOR_ENV: dict[str, str] = {}
 
 
 def _child(args: argparse.Namespace) -> dict:
@@ -106,7 +119,7 @@ def _node_env(base: str, server: _Moto, store: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "AWS_"))}
     for name in ("tmp", "home", "xdg", "inductor", "triton", "tier"):
         os.makedirs(os.path.join(base, name), exist_ok=True)
-    env.update(S3_ENV, AWS_ENDPOINT_URL=server.endpoint, TMPDIR=os.path.join(base, "tmp"),
+    env.update(S3_ENV, **EMULATOR_ENV, AWS_ENDPOINT_URL=server.endpoint, TMPDIR=os.path.join(base, "tmp"),
                HOME=os.path.join(base, "home"), XDG_CACHE_HOME=os.path.join(base, "xdg"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(base, "inductor"),
                TRITON_CACHE_DIR=os.path.join(base, "triton"),
@@ -119,7 +132,7 @@ def _start(args: argparse.Namespace, model: str, base: str, server: _Moto, store
     argv = [os.path.abspath(__file__), "--child", "--layers", str(layers), "--width", str(width),
             "--seq", str(args.seq), "--store", store]
     result = run_child(argv, _node_env(base, server, store), timeout=args.timeout)
-    if store.startswith("s3://"):
+    if "://" in store:
         from compile_cache.store import Store
         from compile_cache.store.remote import local_tier_dir
 
@@ -146,12 +159,12 @@ def _copy_to_s3(directory: str, server: _Moto, work: str, url: str = URL, level:
     from compile_cache.store import Store
 
     archive = os.path.join(work, f"entries-{level}.tar")
-    saved = {k: os.environ.get(k) for k in (*S3_ENV, "AWS_ENDPOINT_URL", "COMPILE_CACHE_LOCAL_TIER",
-                                            "COMPILE_CACHE_PACK_COMPRESSION")}
+    saved = {k: os.environ.get(k) for k in (*S3_ENV, *EMULATOR_ENV, "AWS_ENDPOINT_URL",
+                                            "COMPILE_CACHE_LOCAL_TIER", "COMPILE_CACHE_PACK_COMPRESSION")}
     os.environ["COMPILE_CACHE_PACK_COMPRESSION"] = level
     Store(directory).export(archive)
-    os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.endpoint,
-                      COMPILE_CACHE_LOCAL_TIER=os.path.join(work, f"import-tier-{level}"))
+    os.environ.update(S3_ENV, **EMULATOR_ENV, AWS_ENDPOINT_URL=server.endpoint,
+                      COMPILE_CACHE_LOCAL_TIER=os.path.join(work, f"import-tier-{level}-{url.split(':')[0]}"))
     try:
         Store(url).import_archive(archive)
     finally:
@@ -173,12 +186,20 @@ def _summary(runs: list[dict]) -> dict:
             "s3fs_imported": any(r.get("s3fs_imported") for r in runs)}
 
 
+def _paired(runs: list[dict], dirs: list[dict]) -> dict:
+    """Node i of a store over dir node i (run back to back): the median and every pair."""
+    pairs = [r["ttfo_s"] / d["ttfo_s"] for r, d in zip(runs, dirs, strict=True) if d["ttfo_s"]]
+    return {"paired_ratio": statistics.median(pairs) if pairs else None,
+            "paired_ratios": [round(p, 3) for p in pairs]}
+
+
 _IMPORT_PROBE = """
 import time, json
+import sys
 t0 = time.perf_counter()
 from compile_cache.store.backends.clients import open_backend
 t1 = time.perf_counter()
-backend = open_backend("s3://bench/cache")
+backend = open_backend(sys.argv[1])
 t2 = time.perf_counter()
 backend.list("v1/stats")
 t3 = time.perf_counter()
@@ -188,14 +209,15 @@ print(json.dumps({"client": backend.client, "import_s": t1 - t0, "make_s": t2 - 
 """
 
 
-def _client_import(server: _Moto, repeats: int) -> dict:
-    """Importing and making the S3 client in a fresh process, then its first request (median)."""
+def _client_import(server: _Moto, repeats: int, url: str = URL) -> dict:
+    """Importing and making ``url``'s client in a fresh process (``open_backend``: the client's
+    package and what it imports), then its first request (median)."""
     samples = []
     for _i in range(max(1, repeats)):
         with tempfile.TemporaryDirectory(prefix="bench_remote_import_") as base:
-            env = _node_env(base, server, URL)
-            done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], env=env, capture_output=True,
-                                  text=True, timeout=120, check=True)
+            env = _node_env(base, server, url)
+            done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, url], env=env, capture_output=True,
+                                  text=True, timeout=300, check=True)
             samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = {k: statistics.median(s[k] for s in samples) for k in ("import_s", "make_s", "first_request_s")}
     out.update(client=samples[0]["client"], s3fs_imported=any(s["s3fs_imported"] for s in samples))
@@ -232,38 +254,87 @@ def levels(stores: list[str], count: int = 12) -> list[dict]:
     return rows
 
 
+def _emulators(work: str) -> list:
+    """gcp-storage-emulator and Azurite on 127.0.0.1 with a ``bench`` bucket each; their client
+    settings go into :data:`EMULATOR_ENV`."""
+    from pathlib import Path
+
+    from _object_emulators import AzuriteServer, GcsEmulator
+
+    gcs = GcsEmulator(Path(work) / "gcs.log")
+    try:
+        azurite = AzuriteServer(Path(work) / "azurite.log")
+    except Exception:
+        gcs.stop()
+        raise
+    gcs.make_bucket("bench")
+    azurite.make_container("bench")
+    EMULATOR_ENV.update(gcs.env(), **azurite.env())
+    return [gcs, azurite]
+
+
+def _row(model: str, cold: dict, runs: dict[str, list[dict]]) -> dict:
+    """One model's summary: every store's medians, its ratio to the directory store (of medians
+    and paired), and the bytes goal (s3 raw / s3 compressed)."""
+    dirs = runs["dir node"]
+    dir_row = _summary(dirs)
+    row: dict = {"model": model, "cold_ttfo_s": cold["ttfo_s"], "dir": dir_row}
+    for scenario, label in SCENARIO_LABELS.items():
+        if scenario == "dir node" or not runs.get(scenario):
+            continue
+        summary = _summary(runs[scenario])
+        summary["ratio"] = summary["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None
+        summary.update(_paired(runs[scenario], dirs))
+        summary["goal_met"] = summary["ratio"] is not None and summary["ratio"] <= GOAL
+        row[label] = summary
+    s3_row, raw_row = row["s3"], row["s3_raw"]
+    fewer = raw_row["bytes_moved"] / s3_row["bytes_moved"] if s3_row["bytes_moved"] else None
+    row.update(ratio=s3_row["ratio"], raw_ratio=raw_row["ratio"], goal_met=s3_row["goal_met"],
+               bytes_fewer=fewer, bytes_goal_met=fewer is not None and fewer >= BYTES_GOAL)
+    return row
+
+
+#: Each fresh node's scenario and its key in a result row.
+SCENARIO_LABELS = {"dir node": "dir", "s3 node": "s3", "s3 raw node": "s3_raw", "gcs node": "gcs",
+                   "azure node": "azure"}
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     prime_precompiled_header()
     with tempfile.TemporaryDirectory(prefix="bench_remote_") as work:
         server = _Moto(os.path.join(work, "moto.log"))
+        emulators = [] if args.no_emulators else _emulators(work)
         try:
             for model in args.models:
                 directory = os.path.join(work, model, "dir-store")
                 print(f"[{model}] cold start publishing into a directory store", file=sys.stderr, flush=True)
                 cold = _start(args, model, os.path.join(work, model, "cold"), server, directory)
+                stores = [("dir node", directory), ("s3 node", URL), ("s3 raw node", RAW_URL)]
                 _copy_to_s3(directory, server, os.path.join(work, model))
                 _copy_to_s3(directory, server, os.path.join(work, model), RAW_URL, "0")
-                runs: dict[str, list[dict]] = {"dir node": [], "s3 node": [], "s3 raw node": []}
+                if emulators:
+                    _copy_to_s3(directory, server, os.path.join(work, model), GCS_URL)
+                    _copy_to_s3(directory, server, os.path.join(work, model), AZ_URL)
+                    stores += [("gcs node", GCS_URL), ("azure node", AZ_URL)]
+                runs: dict[str, list[dict]] = {scenario: [] for scenario, _ in stores}
                 for i in range(max(1, args.repeats)):
-                    for scenario, store in (("dir node", directory), ("s3 node", URL), ("s3 raw node", RAW_URL)):
+                    for scenario, store in stores:
                         base = os.path.join(work, model, f"{scenario.replace(' ', '-')}-{i}")
                         result = _start(args, model, base, server, store)
                         print(f"[{model}] {scenario} #{i}: TTFO {result['ttfo_s']:.2f} s, "
                               f"{result['bytes_moved']} bytes moved", file=sys.stderr, flush=True)
                         runs[scenario].append(result)
-                dir_row, s3_row = _summary(runs["dir node"]), _summary(runs["s3 node"])
-                raw_row = _summary(runs["s3 raw node"])
-                ratio = s3_row["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None
-                fewer = raw_row["bytes_moved"] / s3_row["bytes_moved"] if s3_row["bytes_moved"] else None
-                rows.append({"model": model, "cold_ttfo_s": cold["ttfo_s"], "dir": dir_row, "s3": s3_row,
-                             "s3_raw": raw_row, "ratio": ratio,
-                             "raw_ratio": raw_row["ttfo_s"] / dir_row["ttfo_s"] if dir_row["ttfo_s"] else None,
-                             "goal_met": ratio is not None and ratio <= GOAL,
-                             "bytes_fewer": fewer, "bytes_goal_met": fewer is not None and fewer >= BYTES_GOAL})
-            rows.append({"client_import": _client_import(server, args.repeats)})
+                rows.append(_row(model, cold, runs))
+            probes = {"s3": _client_import(server, args.repeats)}
+            if emulators:
+                probes["gcs"] = _client_import(server, args.repeats, GCS_URL)
+                probes["azure"] = _client_import(server, args.repeats, AZ_URL)
+            rows.append({"client_import": probes})
         finally:
             server.stop()
+            for emulator in emulators:
+                emulator.stop()
     return rows
 
 
@@ -278,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--no-emulators", action="store_true",
+                        help="leave out the gs:// and az:// nodes (gcp-storage-emulator, Azurite)")
     parser.add_argument("--levels", nargs="+", metavar="STORE",
                         help="only measure zstd levels on the largest packs of these directory stores")
     args = parser.parse_args(argv)
@@ -293,25 +366,31 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args)))
         return 0
     rows = run(args)
-    probe = next((r["client_import"] for r in rows if "client_import" in r), None)
+    probes = next((r["client_import"] for r in rows if "client_import" in r), {})
     rows = [r for r in rows if "client_import" not in r]
     data = {"benchmark": "remote", "machine": machine(), "seq": args.seq, "repeats": args.repeats,
-            "goal": GOAL, "bytes_goal": BYTES_GOAL, "rows": rows, "client_import": probe}
+            "goal": GOAL, "bytes_goal": BYTES_GOAL, "rows": rows, "client_import": probes.get("s3"),
+            "client_imports": probes}
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"{'model':8} {'store':9} {'TTFO s':>8} {'process s':>10} {'FX miss':>8} {'bytes moved':>12}")
+    print(f"{'model':8} {'store':9} {'TTFO s':>8} {'process s':>10} {'FX miss':>8} {'bytes moved':>12} "
+          f"{'/ dir':>6} {'paired':>7}")
     for row in rows:
-        for label in ("dir", "s3", "s3_raw"):
-            r = row[label]
+        for label in SCENARIO_LABELS.values():
+            r = row.get(label)
+            if r is None:
+                continue
+            ratios = (f" {r['ratio']:6.3f} {r['paired_ratio']:7.3f}" if "ratio" in r and r["paired_ratio"]
+                      else "")
             print(f"{row['model']:8} {label:9} {r['ttfo_s']:8.2f} {r['process_s']:10.2f} "
-                  f"{r['fxgraph_miss']:8d} {int(r['bytes_moved']):12d}")
+                  f"{r['fxgraph_miss']:8d} {int(r['bytes_moved']):12d}{ratios}")
         verdict = "met" if row["goal_met"] else "NOT met"
         print(f"{row['model']:8} ratio s3 / dir = {row['ratio']:.3f} (goal <= {GOAL}: {verdict})")
         print(f"{row['model']:8} bytes raw / compressed = {row['bytes_fewer']:.2f} (goal >= {BYTES_GOAL})")
-    if probe:
-        print(f"client {probe['client']}: import {probe['import_s']:.3f} s, make {probe['make_s']:.3f} s, "
-              f"first request {probe['first_request_s']:.3f} s")
+    for label, p in probes.items():
+        print(f"{label} client {p['client']}: import {p['import_s']:.3f} s, make {p['make_s']:.3f} s, "
+              f"first request {p['first_request_s']:.3f} s")
     return 0
 
 

@@ -605,16 +605,20 @@ def section_remote(data: dict) -> str:
     rows = []
     for r in data.get("rows", []):
         for label, name in (("dir", "directory store"), ("s3", "S3 (moto, 127.0.0.1)"),
-                            ("s3_raw", "S3, packs uncompressed")):
+                            ("s3_raw", "S3, packs uncompressed"),
+                            ("gcs", "GCS (gcsfs, gcp-storage-emulator)"),
+                            ("azure", "Azure Blob (adlfs, Azurite)")):
             if label not in r:
                 continue
             d = r[label]
+            paired = (f"{d['ratio']:.3f} / {d['paired_ratio']:.3f}"
+                      if d.get("ratio") is not None and d.get("paired_ratio") is not None else "-")
             rows.append([r["model"], name, _fmt(d["ttfo_s"]), _fmt(d["process_s"]), d["fxgraph_miss"],
-                         f"{int(d['bytes_moved']):,}"])
+                         f"{int(d['bytes_moved']):,}", paired])
     ratios = "; ".join(f"{r['model']}: **{r['ratio']:.2f}x** ({'met' if r['goal_met'] else 'not met'})"
                        for r in data.get("rows", []) if r.get("ratio") is not None)
     table = _table(["model", "store", "TTFO s (median)", "process s", "FX-graph misses",
-                    "bytes moved per start"], rows)
+                    "bytes moved per start", "/ dir (medians / paired)"], rows)
     return f"""`benchmarks/bench_remote.py`: GPT-2 (random weights, CPU, batch 1 x {data.get('seq', '?')}),
 fresh-node time to first output restoring from a directory store and from `s3://` on moto's
 S3 server on 127.0.0.1 (the same packs: exported from the directory store, imported into S3),
@@ -638,11 +642,22 @@ def _remote_extra(data: dict) -> str:
                          f"**{r['bytes_fewer']:.2f}x** (goal >= {data.get('bytes_goal', 3.0)}: "
                          f"{'met' if r.get('bytes_goal_met') else 'not met'}); uncompressed S3 / "
                          f"directory TTFO {r['raw_ratio']:.2f}x.")
+    for r in data.get("rows", []):
+        for label, name in (("gcs", "GCS emulator"), ("azure", "Azurite")):
+            d = r.get(label)
+            if d and d.get("ratio") is not None:
+                lines.append(f"{name} / directory TTFO, {r['model']}: **{d['ratio']:.2f}x** "
+                             f"({'met' if d.get('goal_met') else 'not met'}); median of the paired "
+                             f"ratios {d['paired_ratio']:.2f} ({', '.join(map(str, d['paired_ratios']))}).")
     probe = data.get("client_import")
     if probe:
         lines.append(f"S3 client on a fresh node ({probe['client']}): import {probe['import_s']:.3f} s, "
                      f"make {probe['make_s']:.3f} s, first request {probe['first_request_s']:.3f} s "
                      f"(s3fs imported: {'yes' if probe['s3fs_imported'] else 'no'}).")
+    for label, p in (data.get("client_imports") or {}).items():
+        if label != "s3":
+            lines.append(f"{label} client on a fresh node ({p['client']}): import {p['import_s']:.3f} s, "
+                         f"make {p['make_s']:.3f} s, first request {p['first_request_s']:.3f} s.")
     return ("\n\n" + "\n\n".join(lines)) if lines else ""
 
 

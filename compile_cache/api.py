@@ -69,8 +69,9 @@ from . import _warnings, config, local_dirs, prefetch, regions, warmup
 from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
-from .plan import check_module, plan_regions
+from .plan import REASONS, RegionPlan, check_module, plan_regions, whole_plan
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
+from .torch_compat import restored_code
 from .torch_compat.inductor_backend import config_without_compile_stack
 from .torch_compat.precompile import usable as precompile_available
 
@@ -83,7 +84,8 @@ __all__ = ["WarmResult", "compile_regions", "key_for", "warm", "warm_up"]
 warm_up = _distributed.warm_up
 
 
-def _check_cache_dir(cache_dir: object) -> None:
+def check_cache_dir(cache_dir: object) -> None:
+    """TypeError unless ``cache_dir`` is None, False, a str or a PathLike."""
     if cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike)):
         return
     raise TypeError(f"cache_dir must be None, False, a str or a PathLike, got {cache_dir!r}")
@@ -118,15 +120,34 @@ def compile_regions(
     precompile's guards, the key and cache misses, the ISA prefetch and distributed jobs in
     detail: the module doc of :mod:`compile_cache.api`.
     """
+    return compile_planned(model, plan_regions, "compile_regions", cache_dir=cache_dir,
+                           precompile=precompile, example_inputs=example_inputs,
+                           distributed=distributed, **torch_compile_kwargs)
+
+
+def compile_planned(
+    model: nn.Module,
+    planner: Callable[[nn.Module], RegionPlan],
+    what: str,
+    *,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
+    precompile: bool | None = None,
+    example_inputs: Any = None,
+    distributed: str | None = None,
+    **torch_compile_kwargs: Any,
+) -> nn.Module:
+    """``compile_regions``' pipeline with another plan: ``planner(model)`` says what is compiled
+    (``compile_cache.compile`` plans the whole model as one part). ``what``: the caller's name,
+    for errors."""
     # 1. validate (a bad COMPILE_CACHE_* value fails here, not when a rank first waits)
-    check_module(model, "compile_regions")
+    check_module(model, what)
     regions.validate_kwargs(torch_compile_kwargs)
-    _check_cache_dir(cache_dir)
+    check_cache_dir(cache_dir)
     config.check_all()
     kwargs = dict(torch_compile_kwargs)
     # 2. plan
     plan = dataclasses.replace(
-        plan_regions(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
+        planner(model), disabled=bool(kwargs.get("disable", False)), compile_kwargs=kwargs
     )
     session = None
     use_precompile = False
@@ -146,6 +167,7 @@ def compile_regions(
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
         # Every rank defers Inductor's precompiled header: a restored start needs none.
         prefetch.defer_header_for(model, kwargs)
+        restored_code.install_for(kwargs)  # restored code loads without the code generator
         if example_inputs is None or not _distributed.coordinates(distributed):
             cold = session is None or session.report.restored_packs == 0
             prefetch.start_for(model, kwargs, cold=cold)
@@ -258,6 +280,7 @@ def warm(
     grad: bool | None = None,
     precompile: bool | None = None,
     progress: bool = False,
+    whole_model: bool = False,
     **compile_kwargs: Any,
 ) -> list[WarmResult]:
     """Compile ``model`` for every example input in ``example_inputs_list``; publish to the store.
@@ -269,22 +292,16 @@ def warm(
     backward too, so the backward graphs are cached as well. ``grad`` (default: ``train``)
     overrides whether autograd records the forward: torch compiles different graphs with and
     without it, so mirror the job (an eval job that forgot ``no_grad`` needs ``grad=True``).
-    ``progress=True`` shows a tqdm bar on stderr. Returns one :class:`WarmResult` per input.
+    ``progress=True`` shows a tqdm bar on stderr; ``whole_model=True`` compiles it whole, as
+    ``compile_cache.compile(model)`` (the same key). Returns one :class:`WarmResult` per input.
+    (``compile_cache.warm`` also takes a function: :func:`compile_cache.whole.warm`.)
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"warm needs a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
-        raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
-    inputs_list = list(example_inputs_list)
-    if not inputs_list:
-        raise ConfigError("warm needs at least one example input")
-    for inputs in inputs_list:
-        warmup.check_inputs(inputs)
-
+    inputs_list = _warm_inputs(model, example_inputs_list)
     model.train(train)
     before = last_report()
     start = time.perf_counter()
-    compile_regions(model, cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
+    compile_planned(model, _whole_model_plan if whole_model else plan_regions, "warm",
+                    cache_dir=cache_dir, precompile=precompile, **compile_kwargs)
     setup_seconds = time.perf_counter() - start
     report: CacheReport | None = last_report()
     if report is before:
@@ -328,6 +345,30 @@ def warm(
         logger.info("compile_cache warm: %s %s in %.2f s", label, result.status, seconds)
         results.append(result)
     return results
+
+
+def _warm_inputs(model: Any, example_inputs_list: Any) -> list[Any]:
+    """``warm``'s arguments checked (ConfigError): a module and a non-empty list of inputs."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"warm needs a torch.nn.Module or a function, got {type(model).__name__}")
+    return warm_inputs(example_inputs_list)
+
+
+def warm_inputs(example_inputs_list: Any) -> list[Any]:
+    """``warm``'s list of example inputs checked (ConfigError): non-empty, each one valid."""
+    if isinstance(example_inputs_list, (torch.Tensor, dict, tuple)):
+        raise ConfigError("example_inputs_list must be a list of example inputs, one per shape")
+    inputs_list = list(example_inputs_list)
+    if not inputs_list:
+        raise ConfigError("warm needs at least one example input")
+    for inputs in inputs_list:
+        warmup.check_inputs(inputs)
+    return inputs_list
+
+
+def _whole_model_plan(model: nn.Module) -> RegionPlan:
+    """``compile_cache.compile(model)``'s plan (:func:`compile_cache.whole.whole_plan`)."""
+    return whole_plan(model, REASONS["whole_model"])
 
 
 class _Counts(NamedTuple):

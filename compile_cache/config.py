@@ -14,6 +14,7 @@ right. ``python -m compile_cache doctor`` prints this registry with each value a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -329,6 +330,25 @@ PACK_COMPRESSION = _register(Variable(
     "zstd level of packs sent to object storage and put in export archives (0: uncompressed); "
     "3 was measured the best trade (benchmarks/RESULTS.md)",
     "a whole number from 0 to 19", _count(0, 19),
+))
+# -- python -m compile_cache run (set by the command for its child; a user may set them too)
+def _run_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", text):
+        raise _Invalid(text)
+    return text
+
+
+RUN_NAME = _register(Variable(
+    "COMPILE_CACHE_RUN_NAME", "text", None,
+    "the process store's name: set, the process enables the store for every torch.compile at "
+    "start (python -m compile_cache run --name sets it for its command, with a sitecustomize)",
+    "a name of letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit",
+    _run_name,
+))
+RUN_DIR = _register(Variable(
+    "COMPILE_CACHE_RUN_DIR", "path", None,
+    "the store of the process store named by COMPILE_CACHE_RUN_NAME (run --cache-dir); unset, "
+    "the store COMPILE_CACHE_DIR names", "a directory path or URL", _text,
 ))
 S3_CLIENT = _register(Variable(
     "COMPILE_CACHE_S3_CLIENT", "choice", "auto",

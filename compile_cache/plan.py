@@ -27,7 +27,7 @@ from .torch_compat import dynamo
 
 __all__ = [
     "REASONS", "RegionGroup", "RegionPlan", "RestPart", "check_module", "plan_regions",
-    "varying_attributes",
+    "varying_attributes", "whole_plan", "is_part_code",
 ]
 
 
@@ -45,8 +45,9 @@ REASONS: dict[str, str] = {
         "(nested compile), so only its own glue code runs eagerly"
     ),
     "torch_nn_leaf": (
-        "eager: a single torch.nn op; `.compile()` on it is a no-op (Dynamo skips torch/nn frames) "
-        "and compiling it alone would cost a compile for nothing to fuse"
+        "eager: a single torch.nn op (or an nn.Embedding subclass: a lookup, maybe scaled); "
+        "`.compile()` on it is a no-op (Dynamo skips torch/nn frames) and compiling it alone "
+        "would cost a compile for nothing to fuse"
     ),
     "container": "eager: a container with no forward of its own; its children are planned one by one",
     "no_parameters": (
@@ -55,6 +56,7 @@ REASONS: dict[str, str] = {
         "for no measurable gain"
     ),
     "disabled": "eager: compile_regions(..., disable=True)",
+    "whole_model": "compiled whole: compile_cache.compile(model)",
 }
 
 
@@ -181,6 +183,12 @@ def _class_name(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def is_part_code(code_name: str) -> bool:
+    """Whether ``code_name`` names the code of a part outside the regions (:class:`RestPart`,
+    a whole model's among them), not a region group's."""
+    return code_name.startswith("part_")
+
+
 def _code_name(kind: str, class_name: str, fingerprint: str, variant: str = "") -> str:
     short = re.sub(r"\W", "_", class_name.rsplit(".", 1)[-1])
     return f"{kind}_{short}_{fingerprint[:12]}" + (f"_{variant}" if variant else "")
@@ -244,12 +252,19 @@ def _is_torch_nn_class(module: nn.Module) -> bool:
     return mod == "torch.nn" or mod.startswith("torch.nn.")
 
 
+def _embedding_leaf(module: nn.Module) -> bool:
+    """A leaf subclass of ``nn.Embedding`` (BART's scaled and positional embeddings, Gemma's):
+    a table lookup, maybe scaled, that a compile of its own gains nothing on."""
+    return isinstance(module, nn.Embedding) and next(iter(module.children()), None) is None
+
+
 def _can_be_region(module: nn.Module) -> bool:
-    """Composite modules, or modules whose class is not torch.nn's, that can be called."""
+    """Composite modules, or modules whose class is not torch.nn's, that can be called (not an
+    embedding lookup: :func:`_embedding_leaf`)."""
     if not _has_forward(module):
         return False
     has_children = next(iter(module.children()), None) is not None
-    return has_children or not _is_torch_nn_class(module)
+    return has_children or not (_is_torch_nn_class(module) or _embedding_leaf(module))
 
 
 def check_module(model: object, what: str) -> None:
@@ -310,6 +325,7 @@ def plan_regions(model: nn.Module) -> RegionPlan:
     by_key: dict[tuple[str, str], list[str]] = {}
     for name in candidates:
         by_key.setdefault((fps[name].hex, _call_signature(modules[name])), []).append(name)
+    by_key = _split_by_flags(by_key, modules)
     groups = tuple(
         RegionGroup(digest, _class_name(modules[names[0]]), tuple(names), variant)
         for (digest, variant), names in by_key.items()
@@ -365,7 +381,47 @@ def plan_regions(model: nn.Module) -> RegionPlan:
     return RegionPlan(_class_name(model), groups, tuple(rest))
 
 
+def whole_plan(model: nn.Module, reason: str = REASONS["whole"]) -> RegionPlan:
+    """A plan that compiles ``model`` whole, as one part (``compile_cache.compile(model)``:
+    cross-block fusion, or CUDA graphs over the whole forward). Compiles nothing."""
+    check_module(model, "whole_plan")
+    digest = fingerprint_tree(model, attributes=False)[""].hex
+    part = RestPart("", _class_name(model), True, reason, digest, _call_signature(model))
+    return RegionPlan(_class_name(model), (), (part,))
+
+
 _PRIMITIVES = (int, float, bool, str, type(None))
+
+
+def _flags(module: nn.Module) -> tuple[tuple[str, bool], ...]:
+    """The block's boolean settings (``is_decoder``, ``is_causal`` of any submodule; not
+    ``training``): a flag that forward branches on."""
+    return tuple(
+        (f"{sub_name}.{attr}" if sub_name else attr, value)
+        for sub_name, sub in module.named_modules()
+        for attr, value in sorted(vars(sub).items())
+        if isinstance(value, bool) and not attr.startswith("_") and attr != "training"
+    )
+
+
+def _split_by_flags(by_key: dict[tuple[str, str], list[str]], modules: dict[str, nn.Module]
+                    ) -> dict[tuple[str, str], list[str]]:
+    """Blocks of one fingerprint whose flags differ (T5's bidirectional encoder and causal
+    decoder self-attention) form one group per flag setting: their forwards take other
+    branches, so one shared graph would only recompile per block. The variant of such a group
+    names its flags; groups whose blocks agree keep theirs."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for (digest, variant), names in by_key.items():
+        settings: dict[tuple, list[str]] = {}
+        for name in names:
+            settings.setdefault(_flags(modules[name]), []).append(name)
+        if len(settings) == 1:
+            out[(digest, variant)] = names
+            continue
+        for flags, members in settings.items():
+            tag = "f" + hashlib.sha1(repr(flags).encode()).hexdigest()[:7]
+            out[(digest, f"{variant}_{tag}" if variant else tag)] = members
+    return out
 
 
 def varying_attributes(members: list[nn.Module]) -> tuple[str, ...]:

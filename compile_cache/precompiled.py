@@ -22,6 +22,7 @@ counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import types
@@ -34,6 +35,7 @@ from . import _warnings
 from .capture import VIEWS_SUFFIX
 from .fingerprint import class_lineage
 from .keys import canonical_compile_kwargs, region_devices
+from .plan import is_part_code
 from .store.stats import record_precompile
 from .torch_compat import cudagraphs
 from .torch_compat import precompile as pc
@@ -46,6 +48,7 @@ __all__ = [
     "KV_CACHE_DECLINE",
     "VIEWS_SUFFIX",
     "BoundCall",
+    "CacheNotedCall",
     "CacheRoutedCall",
     "GroupPrecompiler",
     "PrecompileEvent",
@@ -129,14 +132,18 @@ class CacheRoutedCall:
     precompiled function. The three never share compiled code, so a call can never pick a graph
     traced for another kind of call."""
 
-    __slots__ = ("precompiled", "plain", "probe", "views")
+    __slots__ = ("precompiled", "plain", "probe", "views", "on_cache")
 
     def __init__(self, precompiled: BoundCall, plain: Any, probe: Any,
-                 views: BoundCall | None = None) -> None:
+                 views: BoundCall | None = None,
+                 on_cache: Callable[[], None] | None = None) -> None:
         self.precompiled = precompiled
         self.plain = plain
         self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
         self.views = views
+        #: Called at the first call that passes a cache (then the group is a KV-cache group in
+        #: the report; a block that could take one but never gets one, an encoder, is not).
+        self.on_cache = on_cache
 
     @property
     def pf(self) -> pc.PrecompiledFunction:
@@ -151,8 +158,40 @@ class CacheRoutedCall:
         if self.views is not None and is_view(cache):
             return self.views(*args, **kwargs)
         if is_cache(cache):
+            if self.on_cache is not None:
+                on_cache, self.on_cache = self.on_cache, None
+                on_cache()
             return self.plain(*args, **kwargs)
         return self.precompiled(*args, **kwargs)
+
+
+class CacheNotedCall:
+    """A member of a group whose blocks take a KV cache and whose precompile was declined before
+    compiling (another backend, a recorded decline): every call runs the group's plain compile,
+    and the first that passes a cache (or its layer view) calls ``on_cache``, so that the report
+    and the warnings say the group's cache calls compile without precompile, as
+    :class:`CacheRoutedCall` does, and only once a cache is really passed."""
+
+    __slots__ = ("plain", "probe", "module", "on_cache")
+
+    def __init__(self, plain: Any, probe: Any, module: nn.Module,
+                 on_cache: Callable[[], None]) -> None:
+        self.plain = plain
+        self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
+        self.module = module
+        self.on_cache: Callable[[], None] | None = on_cache
+
+    @property
+    def __self__(self) -> nn.Module:  # the block, as a bound method has it (kv_calls reads it)
+        return self.module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.on_cache is not None:
+            cache = self.probe.cache_of(args, kwargs)
+            if is_cache(cache) or is_view(cache):
+                on_cache, self.on_cache = self.on_cache, None
+                on_cache()
+        return self.plain(*args, **kwargs)
 
 
 _FUNCTIONS: dict[str, pc.PrecompiledFunction] = {}  # entry name -> its function, process-wide
@@ -199,8 +238,11 @@ class GroupPrecompiler:
                 if declined is None and isinstance(record.get("declined"), str):
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
+                # a part outside the regions (a whole model: compile_cache.compile) is not
+                # pinned: its graph breaks would put a decline after frames ran
                 pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
-                    fn, compile_kwargs, declined=declined, record=_record_of(record))
+                    fn, compile_kwargs, declined=declined, record=_record_of(record), block=module,
+                    pin_block=not is_part_code(code_name))
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
         if pf.status == "unused":
@@ -209,8 +251,10 @@ class GroupPrecompiler:
         status, detail = pf.status, pf.declined or _unproven_detail(pf)
         if pf.load_error and status != "failed":
             self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
-        self._event(PrecompileEvent(code_name, label, name, status, detail,
-                                    unproven=len(pf.dropped_graphs)))
+        if not (status == "unused" and code_name.endswith(VIEWS_SUFFIX)):
+            # a decode-steps function is in the report once it is used (or loaded)
+            self._event(PrecompileEvent(code_name, label, name, status, detail,
+                                        unproven=len(pf.dropped_graphs)))
         # Declined for CUDA graphs: warned even when precompile is only the default, since the
         # mode's promise (CUDA graphs) is kept at the cost of a trace per start.
         if status == "failed" or (status == "declined" and (
@@ -221,22 +265,24 @@ class GroupPrecompiler:
         return pf
 
     def route_cache_calls(self, code_name: str, label: str, reason: str) -> None:
-        """A group whose calls that pass a KV cache compile without precompile (known before
-        compiling): in the report (``cache_calls``), counted once as a decline, warned when
-        precompile was asked for."""
+        """A group's first call that passes a KV cache (such calls compile without precompile):
+        in the report (``cache_calls``), counted once as a decline, warned when precompile was
+        asked for. Not before: a block that could take a cache but is never given one (an
+        encoder layer, ``use_cache=False``) is not a KV-cache block."""
+        with _LOCK:
+            if code_name in self._routed:
+                return
+            self._routed.add(code_name)
         self._event(PrecompileEvent(code_name, label, "", "cache_calls", reason))
         if self.setup.explicit:
-            self._declines.setdefault(reason, []).append(label)
+            _warnings.warn(f"compile_cache: precompile is off for some KV-cache calls of "
+                           f"{label}: {reason}.", RegionPrecompileWarning)
         else:
             logger.info("compile_cache: precompile is off for %s's cache calls: %s", label, reason)
 
     def finish(self) -> None:
         """One warning per reason for the groups that declined while compiling."""
         for reason, labels in self._declines.items():
-            if reason == KV_CACHE_DECLINE:
-                _warnings.warn(f"compile_cache: precompile is off for some KV-cache calls of "
-                               f"{', '.join(labels)}: {reason}.", RegionPrecompileWarning)
-                continue
             _warnings.warn(
                 f"compile_cache: precompile is off for {', '.join(labels)}: {reason}. "
                 f"Compiled normally instead (Dynamo traces it at each start).",
@@ -246,8 +292,9 @@ class GroupPrecompiler:
 
     def _declined_later(self, code_name: str, label: str, pf: pc.PrecompiledFunction) -> None:
         _warnings.warn(
-            f"compile_cache: precompile is off for {label}: {pf.declined}. Compiled again "
-            f"without it, with every guard Dynamo keeps; the outputs are eager's.",
+            f"compile_cache: precompile is off for {label}: {pf.declined}. It compiles "
+            f"normally from this call on, with every guard Dynamo keeps (Dynamo traces it at "
+            f"each start).",
             RegionPrecompileWarning,
         )
         self._event(PrecompileEvent(code_name, label, pf.fn.__qualname__, "declined",
@@ -263,23 +310,21 @@ class GroupPrecompiler:
         steps go through the layer view (``cache_calls``: the group's kv_calls.CacheCalls, with
         ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
         alone when the group declined precompile up front (as blocks with a cache compiled
-        before). The calls that update the cache eagerly decline precompile (reported)."""
+        before; a :class:`CacheNotedCall` around it, for the report). The calls that update the cache eagerly decline precompile (reported)."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs, module), module)
         if probe is None:
             return bound, None
-        if code_name not in self._routed:
-            self._routed.add(code_name)
-            self.route_cache_calls(code_name, label, KV_CACHE_DECLINE)
         compiled, region = plain()
-        if bound.pf.declined:
-            return compiled, region
+        on_cache = functools.partial(self.route_cache_calls, code_name, label, KV_CACHE_DECLINE)
+        if bound.pf.declined:  # every call plain; its cache calls reported all the same
+            return CacheNotedCall(compiled, probe, module, on_cache), region
         decode = None
         if cache_calls is not None and cache_calls.use_views:
             pf = self.function(code_name + VIEWS_SUFFIX, f"{label} (decode steps)", compile_kwargs,
                                module)
             decode = BoundCall(pf, module)
             cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
-        return CacheRoutedCall(bound, compiled, probe, decode), region
+        return CacheRoutedCall(bound, compiled, probe, decode, on_cache), region
 
     def _event(self, event: PrecompileEvent) -> None:
         if self.setup.on_event is not None:

@@ -125,6 +125,14 @@ def defer_header_for(model: Any, compile_kwargs: dict[str, Any]) -> bool:
     return cpp_header.install()
 
 
+def defer_header() -> bool:
+    """:func:`defer_header_for` for every compile of the process (the process store's: it does
+    not know the models), when the deferral is on. True when it is."""
+    if not config.DEFER_HEADER.value():
+        return False
+    return cpp_header.install()
+
+
 def cancel_pending() -> None:
     """Cancels this process's background builds that have not started (see ``cancel``)."""
     run = _started

@@ -24,12 +24,16 @@ __all__ = ["SECRET_VARIABLES", "RedactingFilter", "check_credential", "one_line"
 
 #: Variables whose values are secrets wherever they appear.
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-                    "AWS_ACCESS_KEY_ID", "COMPILE_CACHE_SIGNING_KEY")
+                    "AWS_ACCESS_KEY_ID", "COMPILE_CACHE_SIGNING_KEY",
+                    "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY",
+                    "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
 #: ``scheme://<userinfo>@``: the userinfo runs to the last ``@`` of the URL (greedy), so a
 #: password holding ``/`` or ``@`` goes whole.
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s\"'<>]*@")
-#: Parts of a SigV4 Authorization header, should one be quoted.
-_SIGNATURE = re.compile(r"(Credential=|Signature=|x-amz-security-token[:=]\s*)[^\s,;\"']+", re.IGNORECASE)
+#: Parts of a SigV4 Authorization header, should one be quoted; an Azure connection string's
+#: key or SAS signature.
+_SIGNATURE = re.compile(r"(Credential=|Signature=|x-amz-security-token[:=]\s*|AccountKey=|"
+                        r"SharedAccessSignature=|[?&]sig=)[^\s,;\"'&]+", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HIDDEN = "***"
 

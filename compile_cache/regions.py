@@ -183,22 +183,17 @@ class _GroupState:
         previous, self.last_compiled = self.last_compiled, runner
         if previous is None or previous is runner:
             return
-        if not reasons or all(_INPUT_CHANGE.search(r.splitlines()[0]) for r in reasons):
-            return
+        # One reason per cache entry Dynamo tried, newest first: the first is the entry the
+        # previous member's call just compiled, and its failing guard is what differs now.
+        guard = _guard_summary(reasons[0]) if reasons else ""
+        if not guard or (_INPUT_CHANGE.search(guard) and not (  # a per-layer cache's size()
+                self.takes_cache and "mismatch" not in guard and kv_cache.cache_guard(guard))):
+            return  # the inputs or the global state changed (grad mode, train/eval): torch's
         self.block_recompiles += 1
         if self.warned_recompile:
             return
         self.warned_recompile = True
-        text = "\n".join(reasons)
-        guards = _guard_summary(reasons[-1])
-        named_attrs = [a for a in self.varying if re.search(rf"\b{a.rsplit('.', 1)[-1]}\b", text)]
-        attrs = named_attrs or list(self.varying)
-        what = "read by forward" if named_attrs else "that differ per block"
-        named = f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
-        cause, fix = (kv_cache.recompile_advice(text, named) if self.takes_cache else None) or (
-            f"per-block values{named}; failing guard: {guards or 'unknown'}",
-            "Make forward not depend on per-block attributes to share one graph",
-        )
+        cause, fix = recompile_cause(guard, self.varying, "\n".join(reasons), self.takes_cache)
         msg = (
             f"compile_cache: identical blocks of {self.label} recompile per block: {cause}. "
             f"Each block gets its own compiled entry, up to the recompile limit "
@@ -229,9 +224,78 @@ class _GroupState:
                        f"model still computes the right values, but eagerly.", RegionEagerWarning)
 
 
-# Guard failures that come from the inputs (not from differences between blocks).
+# Guard failures that come from the inputs (not from differences between blocks): a tensor's
+# size, stride, dtype, device or grad, Dynamo's global state (grad mode, autocast). A size or
+# stride guard Dynamo words as code (``args[0].stride()[0] == 8``) is one too.
 _INPUT_CHANGE = re.compile(r"size mismatch|stride mismatch|dtype|device|requires_grad|dispatch key|"
-                           r"GLOBAL_STATE|grad_mode|ndim|rank|storage_offset", re.IGNORECASE)
+                           r"GLOBAL_STATE|grad_mode|ndim|rank|storage_offset|"
+                           r"\.(?:size|stride)\(\)|\.shape\b", re.IGNORECASE)
+#: Dynamo's global-state guard (grad mode, autocast, deterministic algorithms...).
+_GLOBAL_STATE = re.compile(r"GLOBAL_STATE|grad_mode", re.IGNORECASE)
+
+#: A guard on the call's arguments (Dynamo strips ``L[...]``: ``len(args) == 1``,
+#: ``kwargs['position_bias'] is None``; older wordings keep it: ``L['args'][1] == 0``).
+_ARGUMENT_GUARD = re.compile(r"(?:(?<![\w.'\]])|(?<=\['))(args|kwargs)\b")
+#: A guard on an argument's value (a Python number, string or flag the blocks are called with:
+#: ``args[1] == 0``, ``kwargs['is_causal'] == True``), not on whether or how it is passed.
+_ARGUMENT_VALUE = re.compile(
+    r"^(?:L\[')?(?:args|kwargs)'?\]?(?:\[[^\]]+\])+\s*(?:==|!=|<=|>=|<|>)\s*\S")
+
+
+def recompile_cause(guard: str, varying: tuple[str, ...], reasons: str = "",
+                    takes_cache: bool = False) -> tuple[str, str]:
+    """(cause, fix) of a per-block recompile whose failing guard is ``guard`` (one line, as
+    Dynamo words it), for a group whose members differ in the ``varying`` attributes.
+
+    The guard decides the words: grad mode is grad mode, a tensor's size or stride is an input
+    change, an argument's value or presence is a difference between the calls; only a guard on
+    the blocks themselves is "per-block values" (issue 35: T5's grad mode and BART's
+    ``len(args) == 1`` were blamed on ``is_causal`` and ``layer_idx``)."""
+    if takes_cache:
+        advice = kv_cache.recompile_advice(guard, _named_attributes(guard, varying))
+        if advice is None and not _ARGUMENT_GUARD.search(guard) and not _INPUT_CHANGE.search(guard):
+            advice = kv_cache.recompile_advice(reasons, _named_attributes(guard, varying))
+        if advice is not None:
+            return advice
+    if _GLOBAL_STATE.search(guard):
+        return (
+            f"grad mode or another global setting changed between the calls (failing guard: "
+            f"{guard}): torch compiles once per grad mode, as plain torch.compile does",
+            "Nothing to change in the blocks; keep training and inference calls apart to avoid "
+            "switching back and forth",
+        )
+    if _INPUT_CHANGE.search(guard):
+        return (
+            f"the blocks are called with tensors of other sizes, strides, dtypes or devices "
+            f"(failing guard: {guard}), an input change rather than a difference between blocks",
+            "Call every block of the group with tensors of the same layout (e.g. .contiguous()), "
+            "or mark the varying dimension dynamic",
+        )
+    if _ARGUMENT_VALUE.search(guard):
+        return (
+            f"the blocks are called with different values of an argument (failing guard: "
+            f"{guard}): Dynamo specializes the graph on a Python number, string or flag",
+            "Pass every block of the group the same value, or pass a varying number as a tensor",
+        )
+    if _ARGUMENT_GUARD.search(guard):
+        return (
+            f"the blocks are called with different arguments (failing guard: {guard}): a "
+            f"tensor in one call and None in another, another number of positional arguments "
+            f"or other keyword arguments",
+            "Call every block of the group with the same kinds of arguments to share one graph",
+        )
+    return (
+        f"per-block values{_named_attributes(guard, varying)}; failing guard: {guard}",
+        "Make forward not depend on per-block attributes to share one graph",
+    )
+
+
+def _named_attributes(guard: str, varying: tuple[str, ...]) -> str:
+    """The varying attributes the failing guard reads, else all of them, worded."""
+    named = [a for a in varying if re.search(rf"\b{a.rsplit('.', 1)[-1]}\b", guard)]
+    attrs = named or list(varying)
+    what = "read by forward" if named else "that differ per block"
+    return f" (attribute(s) {what}: {', '.join(attrs)})" if attrs else ""
 
 
 def _guard_summary(reason: str) -> str:

@@ -53,6 +53,9 @@ class SessionPublisher:
         self.known: dict[str, tuple[str, int, int, str]] = {}
         #: Header metadata of the packs published now (CacheSession.tagged()).
         self.tags: dict[str, Any] = {}
+        #: Publish torch's key details of the FX graphs used (:func:`graph_metadata`; the
+        #: process store, whose ``explain`` names the field a missed graph differs in).
+        self.graph_fields = False
         self._lock = lock
         self._on_error = on_error
         self._publish_lock = threading.Lock()
@@ -126,6 +129,7 @@ class SessionPublisher:
                 generations.MANIFEST_KEY: manifest,
                 "isa_probe": {k: v for k, v in answers.items() if k in manifest["always"]} or None,
                 **self.precompiled.metadata(),
+                **(graph_metadata(cache_use.fx_lookups(self.owners)) if self.graph_fields else {}),
             })
 
     def publish_diff(self, diff: artifacts.Capture) -> None:
@@ -172,3 +176,13 @@ class SessionPublisher:
                 self.report.published_bytes += info.size
             logger.info("compile_cache: published %s (%s)", info.name, format_size(info.size))
 
+
+def graph_metadata(lookups: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pack metadata of the FX graphs looked up: ``fx_graphs`` (fx key -> {field: hash}) and
+    ``fx_values`` (hash -> torch's printed value, shared by the graphs: most fields are equal)."""
+    graphs: dict[str, dict[str, str]] = {}
+    values: dict[str, str] = {}
+    for key, lookup in lookups.items():
+        graphs[key] = {name: digest for name, (digest, _value) in lookup["fields"].items()}
+        values.update((digest, value) for digest, value in lookup["fields"].values())
+    return {"fx_graphs": graphs, "fx_values": values} if graphs else {}

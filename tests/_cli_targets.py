@@ -109,3 +109,19 @@ def recorder() -> torch.nn.Module:
     """A model alone: warm builds its token grid (batch, seq, use_cache) from the flags."""
     torch.manual_seed(0)
     return Recorder()
+
+
+def _loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A function warmed as ``compile_cache.compile(fn)`` (the function factories below)."""
+    return ((torch.tanh(x) - y) ** 2).mean()
+
+
+def loss_fn() -> tuple[object, tuple[torch.Tensor, torch.Tensor]]:
+    """A factory that returns a function and its example inputs (``warm`` compiles it whole)."""
+    g = torch.Generator().manual_seed(0)
+    return _loss, (torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g))
+
+
+def loss_fn_alone() -> object:
+    """A function without example inputs: the CLI must ask for them and exit 2."""
+    return _loss

@@ -32,10 +32,15 @@ STORE, PHASE = sys.argv[1], sys.argv[2]
 LOAD = PHASE == "load"
 ENV_BEFORE = environment_digest()
 #: Modules only a real compile needs: a start that restores every group imports none of them
-#: (compile_cache.torch_compat.inductor_backend; tests/test_precompile.py).
+#: (compile_cache.torch_compat.inductor_backend: compile_fx and its passes;
+#: compile_cache.torch_compat.restored_code: the code generator, lowering and the kernel
+#: modules; tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
-                "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding")
+                "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
+                "torch._inductor.graph", "torch._inductor.lowering",
+                "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
+                "torch._inductor.codegen.wrapper", "torch._inductor.kernel.mm")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 
@@ -268,10 +273,22 @@ def _swapped(c: Case, block_cls, act, swapped_act) -> None:
 
 
 def case_fnattr() -> None:
-    """A Python function stored on the instance: its identity cannot be saved, so precompile is
-    declined (and the swap is noticed)."""
+    """A Python function stored on the instance: recorded by identity (a pin on the block), so
+    the swap on one block after compiling is noticed and declines."""
     with Case("fnattr") as c:
         _swapped(c, m.FnAttrBlock, m.act_a, m.act_b)
+
+
+def case_argfn() -> None:
+    """A function passed to the blocks as an argument: declined while tracing the region's own
+    frame (before any of the call runs), remembered by the store."""
+    with Case("argfn") as c:
+        model = seeded(lambda: m.Stack([m.ArgFnBlock() for _ in range(2)]))
+        ref = copy.deepcopy(model)
+        c.compile(model)
+        with torch.no_grad():
+            c.check("before", model(X, m.act_a), ref(X, m.act_a))
+            c.check("after_swap", model(X, m.act_b), ref(X, m.act_b))
 
 
 def case_break_count() -> None:
@@ -404,7 +421,7 @@ def case_scope() -> None:
 
 
 CASES = ["unique_ids_unfixed", "unique_ids", "plain", "late_restore", "values", "optional", "train_eval",
-         "requires_grad", "eps", "mutate", "fnattr", "break_count", "builtinattr", "global_flag", "rebind",
+         "requires_grad", "eps", "mutate", "fnattr", "argfn", "break_count", "builtinattr", "global_flag", "rebind",
          "bound_differently", "gpt2", "llama", "scope"]
 
 if __name__ == "__main__":

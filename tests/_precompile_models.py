@@ -173,6 +173,17 @@ class FlagFnBlock(FnAttrBlock):
     """The same, compiled while the process has caching_precompile on."""
 
 
+class ArgFnBlock(nn.Module):
+    """Calls the function it is given: an argument's identity is no block's, it cannot be pinned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor, fn) -> torch.Tensor:
+        return fn(self.lin(x))
+
+
 class Stack(nn.Module):
     def __init__(self, blocks: list[nn.Module]) -> None:
         super().__init__()

@@ -395,10 +395,49 @@ def case_mode_max_autotune() -> None:
     run("mode_max_autotune", PLAIN, mode="max-autotune-no-cudagraphs")
 
 
+# ------------------------------------------ objects stored on the block (issue 35): by identity
+
+
+STORED = """
+import torch.nn.functional as F
+
+{extra}
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.act = {act}
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+"""
+
+
+def case_stored_builtin() -> None:
+    """transformers' GELUActivation stores ``nn.functional.gelu`` on the instance; here the
+    fresh node's block stores ``torch.relu``: same structure, same fingerprint."""
+    # (set from a global, so that __init__'s code, in the class lineage, is the same)
+    run("stored_builtin", STORED.format(extra=f"ACT = {'torch.relu' if LOAD else 'F.gelu'}",
+                                        act="ACT"))
+
+
+def case_stored_function() -> None:
+    """A Python function stored on the instance, of the same qualified name whose code was
+    edited between the two nodes."""
+    body = "return torch.sigmoid(x) * 3" if LOAD else "return torch.tanh(x)"
+    run("stored_function", STORED.format(extra=f"def act(x):\n    {body}", act="act"))
+
+
+def case_stored_same() -> None:
+    """The same builtin stored on the block on both nodes: the entry loads, nothing traced."""
+    run("stored_same", STORED.format(extra="", act="F.gelu"))
+
+
 CASES = ["global_edited", "global_runtime", "global_numbers", "global_enum", "shared_module",
          "config_default", "class_attr_edited", "class_attr_runtime", "base_class",
          "override_added", "rebound_class_function", "two_graphs", "direct_call_after_patch",
-         "mode_default", "mode_max_autotune"]
+         "mode_default", "mode_max_autotune", "stored_builtin", "stored_function", "stored_same"]
 
 if __name__ == "__main__":
     for name in (sys.argv[3].split(",") if len(sys.argv) > 3 else CASES):

@@ -5,7 +5,7 @@
 ``KILL_PGID``: a process group (the S3 server's) killed when the first pack download starts, so
 the server is gone mid-restore (0: no fault). Prints one JSON line: _cache_child's result, the
 warnings shown, the counters of this node's local tier, and which of s3fs, aiobotocore,
-botocore and fsspec the job imported.
+botocore, fsspec, gcsfs and adlfs the job imported.
 """
 
 import contextlib
@@ -45,7 +45,7 @@ with warnings.catch_warnings(record=True) as shown, contextlib.redirect_stdout(o
     runpy.run_path(CHILD, run_name="__main__")
 result = json.loads(out.getvalue().strip().splitlines()[-1])
 result["warnings"] = [str(w.message) for w in shown]
-result["imported"] = sorted(m for m in ("s3fs", "aiobotocore", "botocore", "fsspec") if m in sys.modules)
+result["imported"] = sorted(m for m in ("s3fs", "aiobotocore", "botocore", "fsspec", "gcsfs", "adlfs") if m in sys.modules)
 local = Store(local_tier_dir(url)).stats()
 result["local_tier"] = {k: local[k] for k in ("remote_errors", "remote_downloads", "bytes_downloaded", "corrupt")}
 print(json.dumps(result))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
+
+import pytest
 
 from compile_cache.store import Store, StoreWarning, encode_pack
 from compile_cache.store import pack as pack_format
@@ -61,3 +64,26 @@ def tiny_elf(payload: bytes = b"", *, sections: int = 0) -> bytes:
     phdr = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, total, total, 0x1000)
     shdrs = b"".join(struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) for _ in range(sections))
     return header + phdr + payload + shdrs
+
+
+def damaged_object_read(url: str, key: str, members: dict[str, bytes], tier: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> tuple[str, Store]:
+    """Publishes ``members`` under ``key`` to the object store ``url``, flips a byte of the
+    pack object, and checks that a reader with its local tier in ``tier`` finds nothing, says
+    once that the pack is unusable, counts it corrupt and quarantined, and keeps it out of its
+    local tier. Returns the pack's name and that reader."""
+    info = Store(url).publish(key, members, compile_seconds=1.0)
+    store = Store(url)
+    name = store.remote.layout.pack_object_of(store.remote.listing()[key], info.name)  # .pack.zst
+    data = bytearray(store.remote.backend.get(name, 1 << 20))
+    data[-10] ^= 0xFF
+    store.remote.backend.put(name, bytes(data))
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tier))
+    reader = Store(url)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert reader.load(key) == []
+    assert len([m for m in store_warnings_of(shown) if "unusable" in m]) == 1
+    assert reader.stats()["corrupt"] == 1 and reader.stats()["quarantined"] == 1
+    assert not reader.layout.pack_paths(key)  # never reached the local tier
+    return info.name, reader

@@ -187,6 +187,31 @@ def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.fixture(scope="session")
+def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One node for every publishing process of the session (:func:`fresh_node_env` of it), as
+    a CI runner builds on one machine: its TMPDIR, HOME and Inductor dirs are shared, so torch's
+    precompiled header and ISA probe are built once per session, not once per publisher (8-15 s
+    each). Only a node that restores must be fresh. A publisher that must compile cold (not be
+    served by torch's local cache) compiles models no other publisher here compiles."""
+    return tmp_path_factory.mktemp("build-machine")
+
+
+def run_records(child: Path, node: Path, store: Path, phase: str, tag: str,
+                key: str) -> dict[str, dict[str, Any]]:
+    """Runs the child script ``child`` with ``STORE PHASE`` on ``node`` (:func:`fresh_node_env`)
+    and returns its ``TAG {json}`` lines, by each record's ``key`` field."""
+    done = subprocess.run(
+        [sys.executable, str(child), str(store), phase], env=fresh_node_env(node),
+        capture_output=True, text=True, timeout=1500, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    prefix = f"{tag} "
+    records = [json.loads(line[len(prefix):]) for line in done.stdout.splitlines()
+               if line.startswith(prefix)]
+    return {record[key]: record for record in records}
+
+
 def drop_precompiled_headers(node: Path) -> None:
     """Deletes the 149 MB precompiled headers a node built (tests keep their temp dirs)."""
     for gch in Path(node).rglob("*.gch"):

@@ -260,6 +260,16 @@ def test_generate_section_shows_each_variant_and_each_goal(tmp_path):
     assert "--width 256 --rounds 3 --json" in text
 
 
+def _remote_section(tmp_path, data: dict, before: str = "# Benchmark results\n") -> str:
+    """RESULTS.md (``before`` first) as run_all writes it from ``data``, a bench_remote JSON."""
+    (tmp_path / "remote.json").write_text(json.dumps(data))
+    md = tmp_path / "RESULTS.md"
+    md.write_text(before)
+    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
+                         "--no-charts"]) == 0
+    return md.read_text()
+
+
 def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
     side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
             "fxgraph_hit": 3, "bytes_moved": 1234567, "remote_errors": 0}
@@ -267,12 +277,7 @@ def test_remote_section_shows_both_stores_bytes_and_the_ratio(tmp_path):
             "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
             "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side,
                       "s3": {**side, "ttfo_s": 2.4}, "ratio": 1.2, "goal_met": False}]}
-    (tmp_path / "remote.json").write_text(json.dumps(data))
-    md = tmp_path / "RESULTS.md"
-    md.write_text("# Benchmark results\n\n## Reliability\n\nkept\n")
-    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
-                         "--no-charts"]) == 0
-    text = md.read_text()
+    text = _remote_section(tmp_path, data, "# Benchmark results\n\n## Reliability\n\nkept\n")
     assert text.index("## Object storage") < text.index("## Reliability")
     assert "S3 (moto, 127.0.0.1)" in text and "directory store" in text
     assert "1,234,567" in text and "**1.20x** (not met)" in text
@@ -288,12 +293,7 @@ def test_remote_section_shows_compressed_against_uncompressed_and_the_client_imp
                       "raw_ratio": 1.1, "goal_met": True, "bytes_fewer": 4.8, "bytes_goal_met": True}],
             "client_import": {"client": "small S3 client", "import_s": 0.01, "make_s": 0.02,
                               "first_request_s": 0.03, "s3fs_imported": False}}
-    (tmp_path / "remote.json").write_text(json.dumps(data))
-    md = tmp_path / "RESULTS.md"
-    md.write_text("# Benchmark results\n")
-    assert run_all.main(["--from-json", str(tmp_path), "--only", "remote", "--results-md", str(md),
-                         "--no-charts"]) == 0
-    text = md.read_text()
+    text = _remote_section(tmp_path, data)
     assert "S3, packs uncompressed" in text and "480,000" in text
     assert "**4.80x** (goal >= 3.0: met)" in text and "**1.02x** (met)" in text
     assert "import 0.010 s, make 0.020 s, first request 0.030 s (s3fs imported: no)" in text
@@ -377,3 +377,26 @@ def test_kernel_counters_tell_compiled_kernels_from_restored_ones(tmp_path, monk
     assert CachingAutotuner.benchmark_all_configs(object()) == {"cfg": 1.0}
     read = counters.read()
     assert (read["triton_compiled"], read["triton_restored"], read["autotune_benchmarks"]) == (1, 1, 1)
+
+
+def test_remote_section_shows_the_emulator_rows_paired_ratios_and_their_clients(tmp_path):
+    side = {"ttfo_s": 2.0, "ttfo_samples": [2.0], "process_s": 9.0, "fxgraph_miss": 0,
+            "fxgraph_hit": 3, "bytes_moved": 100000, "remote_errors": 0}
+    gcs = {**side, "ttfo_s": 2.2, "ratio": 1.1, "paired_ratio": 1.08, "paired_ratios": [1.05, 1.08, 1.2],
+           "goal_met": False}
+    azure = {**side, "ttfo_s": 2.06, "ratio": 1.03, "paired_ratio": 1.01, "paired_ratios": [1.01],
+             "goal_met": True, "bytes_moved": 77777}
+    probe = {"client": "gcsfs", "import_s": 0.4, "make_s": 0.05, "first_request_s": 0.03, "s3fs_imported": False}
+    data = {"benchmark": "remote", "machine": MACHINE, "seq": 128, "repeats": 3, "goal": 1.05,
+            "run": {"command": "python benchmarks/bench_remote.py --json", "date": "2025-01-01"},
+            "rows": [{"model": "4x256", "cold_ttfo_s": 30.0, "dir": side, "s3": {**side, "ttfo_s": 2.05},
+                      "gcs": gcs, "azure": azure, "ratio": 1.025, "goal_met": True}],
+            "client_imports": {"gcs": probe, "azure": {**probe, "client": "adlfs", "import_s": 0.7}}}
+    text = _remote_section(tmp_path, data)
+    assert "GCS (gcsfs, gcp-storage-emulator)" in text and "Azure Blob (adlfs, Azurite)" in text
+    assert "77,777" in text and "1.100 / 1.080" in text
+    assert "GCS emulator / directory TTFO, 4x256: **1.10x** (not met)" in text
+    assert "median of the paired ratios 1.08 (1.05, 1.08, 1.2)" in text
+    assert "Azurite / directory TTFO, 4x256: **1.03x** (met)" in text
+    assert "gcs client on a fresh node (gcsfs): import 0.400 s" in text
+    assert "azure client on a fresh node (adlfs): import 0.700 s" in text

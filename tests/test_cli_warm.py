@@ -130,3 +130,48 @@ def test_warm_kwargs_inputs_and_dtype(capsys: pytest.CaptureFixture[str], tmp_pa
     assert code == 1  # eager: no entry
     data = json.loads(out)
     assert data["results"][0]["shape"] == "tokens=1x8" and data["compile"] == {"backend": "eager", "dynamic": False}
+
+
+@pytest.mark.parametrize(("name", "sets", "model", "inputs"), [
+    ("t5", ["num_layers=1", "d_model=16", "d_kv=8", "d_ff=32", "num_heads=2", "vocab_size=64"],
+     "T5ForConditionalGeneration", ["input_ids", "decoder_input_ids", "use_cache"]),
+    ("bert", ["num_hidden_layers=1", "hidden_size=16", "num_attention_heads=2",
+              "intermediate_size=32", "vocab_size=64"], "BertModel", ["input_ids", "use_cache"]),
+    ("vit", ["num_hidden_layers=1", "hidden_size=16", "num_attention_heads=2",
+             "intermediate_size=32", "image_size=16", "patch_size=8"], "ViTModel", ["pixel_values"]),
+    ("whisper", ["encoder_layers=1", "decoder_layers=1", "d_model=16", "encoder_attention_heads=2",
+                 "decoder_attention_heads=2", "encoder_ffn_dim=32", "decoder_ffn_dim=32",
+                 "num_mel_bins=8", "max_source_positions=8", "max_target_positions=16",
+                 "vocab_size=64", "pad_token_id=0", "bos_token_id=1", "eos_token_id=2",
+                 "decoder_start_token_id=1"], "WhisperForConditionalGeneration",
+     ["input_features", "decoder_input_ids", "use_cache"]),
+])
+def test_warm_hf_builds_encoders_and_encoder_decoders(name: str, sets: list[str], model: str,
+                                                      inputs: list[str]) -> None:
+    """--hf builds what the model type has: an encoder-decoder LM, a causal LM, else the base
+    model (an encoder, whose causal-LM head is for decoders only), with the inputs it takes;
+    the model runs on them."""
+    import argparse
+
+    import torch
+
+    from compile_cache.cli.job import add_job_arguments, build_job
+
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    flags = [x for s in sets for x in ("--set", s)]
+    job = build_job(parser.parse_args(["--hf", name, *flags, "--seq-len", "8"]))
+    assert type(job.model).__name__ == model
+    assert list(job.inputs[0]) == inputs
+    with torch.no_grad():
+        job.model(**job.inputs[0])
+
+
+def test_warm_help_says_which_models_hf_builds(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        call(capsys, "warm", "--help")
+    except SystemExit:
+        pass
+    out = " ".join(capsys.readouterr().out.split())
+    for words in ("causal LM", "sequence-to-sequence LM (t5, bart)", "base model (bert, vit, whisper, clip)"):
+        assert words in out, out

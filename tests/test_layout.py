@@ -27,10 +27,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("torch_compat",),
     ("fingerprint", "_reference", "plan", "keys", "explain", "store", "locks", "artifacts", "local_dirs",
      "capture", "publisher", "report"),
-    ("session", "session_publish", "regions", "prefetch", "recovery", "precompiled"),
+    ("session", "session_publish", "process_store", "regions", "prefetch", "recovery", "precompiled"),
     ("warmup",),
     ("distributed",),
     ("api",),
+    ("whole",),
     ("cli", "integrations", "demo", "__init__", "__main__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

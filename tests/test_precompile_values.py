@@ -11,14 +11,11 @@ publisher's graph and was 0.9 to 3.6 away from eager.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fresh_node_env
+from conftest import run_records
 
 from compile_cache.torch_compat.precompile.values import ValueRecorder, describe_value, graph_digest
 
@@ -26,13 +23,8 @@ CHILD = Path(__file__).with_name("_precompile_values_child.py")
 
 
 def _run_node(root: Path, store: Path, phase: str) -> dict[str, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, str(CHILD), str(store), phase], env=fresh_node_env(root),
-        capture_output=True, text=True, timeout=1500, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    cases = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("CASE ")]
-    return {c["case"]: c for c in cases}
+    """The child's cases on the node ``root``: its ``CASE {json}`` lines."""
+    return run_records(CHILD, root, store, phase, "CASE", "case")
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +105,37 @@ def test_a_block_called_directly_after_a_monkeypatch_runs_the_new_code(
 @pytest.mark.parametrize("name", ["mode_default", "mode_max_autotune"])
 def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None:
     publish, load = nodes["publish"][name], nodes["load"][name]
+    for case in (publish, load):
+        _matches_eager(case)
+        assert case["warnings"] == []
+    assert [g["status"] for g in _groups(publish)] == ["new"]
+    assert [g["status"] for g in _groups(load)] == ["loaded"]
+    assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+
+
+@pytest.mark.parametrize("name", ["stored_builtin", "stored_function"])
+def test_an_object_stored_on_the_block_is_recorded_by_identity(
+    nodes: dict[str, Any], name: str
+) -> None:
+    """The publisher's block stores gelu (or a function), the fresh node's relu (or the same
+    function name with other code), with the same structure: the publisher's graph never runs
+    there. Before issue 35 such blocks declined precompile on every node."""
+    publish, load = nodes["publish"][name], nodes["load"][name]
+    _matches_eager(publish)
+    assert [g["status"] for g in _groups(publish)] == ["new"] and publish["warnings"] == []
+    _matches_eager(load)
+    assert load["dynamo_cache_hits"] == 0 and load["frames_traced"] >= 1, load
+    (group,) = _groups(load)
+    assert group["status"] == "declined", group
+    assert "self.act" in group["reason"] and "the block holds another object" in group["reason"]
+    # what the fresh node's block holds, and what the publisher's held
+    want = ("relu", "gelu") if name == "stored_builtin" else ("cc_values_stored_function.act:",) * 2
+    assert want[0] in group["reason"].split(" but was ")[0], group
+    assert want[1] in group["reason"].split(" but was ")[1], group
+
+
+def test_the_same_object_stored_on_the_block_loads(nodes: dict[str, Any]) -> None:
+    publish, load = nodes["publish"]["stored_same"], nodes["load"]["stored_same"]
     for case in (publish, load):
         _matches_eager(case)
         assert case["warnings"] == []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from _s3_server import SECRET, S3Server, make_bucket
-from _store_helpers import store_warnings_of
+from _store_helpers import damaged_object_read, store_warnings_of
 
 from compile_cache.store import Store
 from compile_cache.store import _reset as reset_store_warnings
@@ -218,21 +218,8 @@ def test_two_processes_publishing_the_same_key_at_once(s3_url: str, tmp_path: Pa
 
 def test_a_corrupt_object_is_counted_quarantined_and_skipped(s3_url: str, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    info = Store(s3_url).publish(K1, MEMBERS, compile_seconds=1.0)
-    store = Store(s3_url)
-    name = store.remote.layout.pack_object_of(store.remote.listing()[K1], info.name)  # .pack.zst
-    data = bytearray(store.remote.backend.get(name, 1 << 20))
-    data[-10] ^= 0xFF
-    store.remote.backend.put(name, bytes(data))
-    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
-    reader = Store(s3_url)
-    with warnings.catch_warnings(record=True) as shown:
-        warnings.simplefilter("always")
-        assert reader.load(K1) == []
-    assert len([m for m in store_warnings_of(shown) if "unusable" in m]) == 1
-    assert reader.stats()["corrupt"] == 1 and reader.stats()["quarantined"] == 1
-    assert not reader.layout.pack_paths(K1)  # never reached the local tier
-    assert info.name not in reader.remote.listing().get(K1, type("E", (), {"packs": {}})).packs
+    name, reader = damaged_object_read(s3_url, K1, MEMBERS, tmp_path / "tier", monkeypatch)
+    assert name not in reader.remote.listing().get(K1, type("E", (), {"packs": {}})).packs
     # The next node finds nothing to download: the object is in the URL's quarantine.
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier2"))
     assert Store(s3_url).load(K1) == [] and Store(s3_url).stats()["corrupt"] == 1
@@ -320,8 +307,27 @@ def test_a_url_without_its_package_says_what_to_install(tmp_path: Path) -> None:
 
     with pytest.raises(StoreError, match="not a usable store URL.*nosuchproto"):
         Store("nosuchproto://bucket/cc")
-    with pytest.raises(StoreError, match="pip install.*gcsfs for gs://"):
-        Store("gs://bucket/cc")  # gcsfs is not installed
+    # A node without the [gcs] and [azure] extras (a new process: fsspec keeps a protocol's
+    # class once it has loaded it, and this session's emulator tests load both).
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["gcsfs"] = sys.modules["adlfs"] = None
+        from compile_cache.store import Store
+        for url in ("gs://bucket/cc", "az://container/cc"):
+            try:
+                Store(url)
+            except Exception as exc:
+                print(type(exc).__name__, exc)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILE_CACHE_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    gs, az = done.stdout.strip().splitlines()
+    assert gs.startswith("StoreError") and "pip install" in gs
+    assert "'compile-cache[gcs]' (gcsfs) for gs://" in gs
+    assert az.startswith("StoreError") and "'compile-cache[azure]' (adlfs) for az://" in az
 
 
 # ---------------------------------------------------------------------------------------------

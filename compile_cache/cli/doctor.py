@@ -73,6 +73,19 @@ def _remote_info(tier: Any) -> dict[str, Any]:
             creds = "the default chain (~/.aws, instance or pod role)"
         if os.environ.get("AWS_ENDPOINT_URL"):
             creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
+    elif protocol in ("gs", "gcs"):
+        if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            creds = "GOOGLE_APPLICATION_CREDENTIALS (a key file)"
+        else:
+            creds = "gcsfs's chain (fsspec config token, gcloud's, the metadata server)"
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            creds += f"; endpoint {redact(os.environ['STORAGE_EMULATOR_HOST'])} (STORAGE_EMULATOR_HOST)"
+    elif protocol in ("az", "abfs", "abfss"):
+        found = [n for n in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY",
+                             "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
+                 if os.environ.get(n)]
+        creds = (f"environment ({found[0]})" if found
+                 else "adlfs's chain (fsspec config, DefaultAzureCredential)")
     else:
         creds = f"the {protocol} backend's usual chain"
     return {"url": tier.display, "error": error, "credentials": creds, "client": tier.backend.client,

@@ -54,13 +54,20 @@ def _print_partials(partials: list[dict[str, Any]], now: float) -> None:
 
 
 def _explain_job(args: argparse.Namespace) -> int:
+    from torch import nn
+
     from ..api import key_for
     from ..explain import explain
     from ..store import misses
     from .job import build_job
 
     job = build_job(args)
-    fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
+    if isinstance(job.model, nn.Module):
+        fields = key_for(job.model, precompile=job.precompile, **job.compile_kwargs)
+    else:  # a factory's function: compile_cache.compile(fn)'s key
+        from ..whole import function_key
+
+        fields = function_key(job.model, job.compile_kwargs)
     store = open_store(args)
     explanation = explain(fields.key, fields.record, misses.entry_records(store), str(store.root))
     partials = misses.last_partials(store, key=fields.key)
@@ -73,6 +80,51 @@ def _explain_job(args: argparse.Namespace) -> int:
         _print_explanation(explanation)
         _print_partials(partials, time.time())
     return 0 if explanation.status == "present" else 1
+
+
+def _explain_process(args: argparse.Namespace) -> int:
+    """``explain --name NAME``: the process store's key here and, when it is not in the store,
+    the fields of this machine's environment that differ from the name's entries. Which of
+    the process's graphs then missed is torch's to say (its keys cover code, inputs, config)."""
+    from ..explain import explain
+    from ..process_store import NAME_PATTERN, process_key
+    from ..store import misses
+
+    if not NAME_PATTERN.match(args.name):
+        raise UsageError(f"--name is 1-128 letters, digits, '.', '_' or '-', got {args.name!r}")
+    key, record = process_key(args.name)
+    store = open_store(args)
+    explanation = explain(key, record, misses.entry_records(store), str(store.root))
+    # the graphs the last start under this key missed, and why (torch's key fields)
+    recorded = [m for m in misses.last_misses(store) if m.get("key") == key]
+    last = recorded[0] if recorded else {}
+    graphs = (last.get("record") or {}).get("graph_misses") or []
+    if args.json:
+        print_json({**explanation.to_dict(), "name": args.name, "record": record,
+                    "graph_misses": graphs, "graph_misses_host": last.get("host")})
+    else:
+        print(f"key {key} (process store {args.name!r})")
+        print(f"store: {store.root}")
+        _print_explanation(explanation)
+        if graphs:
+            print(f"\nthe last start on {last.get('host', '?')} missed {len(graphs)} FX graph(s):")
+            for graph in graphs:
+                print(f"  graph {graph['key'][:16]}: " + _graph_reason(graph))
+                for diff in graph.get("differences", ()):
+                    print(f"      {diff['field']}: {diff['here']!s:.100} here, "
+                          f"{diff['there']!s:.100} in the store")
+    return 0 if explanation.status == "present" else 1
+
+
+def _graph_reason(graph: dict) -> str:
+    """One line on why a graph missed (process_store.explain_graphs' item)."""
+    if graph.get("reason"):
+        return str(graph["reason"])
+    if not graph.get("nearest"):
+        return "no published graph to compare with"
+    what = "the same code" if graph.get("same_code") else "other code (another program or model)"
+    return (f"nearest published graph {graph['nearest'][:16]} ({what}) differs in "
+            f"{graph.get('different_fields', 0)} field(s) of torch's key")
 
 
 def _explain_recorded(args: argparse.Namespace) -> int:
@@ -116,6 +168,10 @@ def _explain_recorded(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Why a start missed: a TARGET's key now, or the misses the store recorded."""
+    if getattr(args, "name", None):
+        if args.target or args.hf:
+            raise UsageError("--name explains a process store: give no TARGET or --hf with it")
+        return _explain_process(args)
     if args.target or args.hf:
         return _explain_job(args)
     if args.set:

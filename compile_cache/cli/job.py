@@ -48,8 +48,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="package.module:factory or path/to/file.py:factory; the factory returns a model, "
                         "(model, example_inputs) or (model, [example_inputs, ...])")
-    parser.add_argument("--hf", metavar="NAME", help="a transformers model type (gpt2, llama, ...) built from "
-                        "its config with random weights (never downloads)")
+    parser.add_argument("--hf", metavar="NAME", help="a transformers model type built from its config with "
+                        "random weights (never downloads): a causal LM (gpt2, llama, qwen2, mamba), else a "
+                        "sequence-to-sequence LM (t5, bart), else the base model (bert, vit, whisper, clip), "
+                        "with token, image, speech and decoder inputs as it takes them")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for --hf (repeatable)")
     run = parser.add_argument_group("how the job runs the model (default: eval, no_grad, use_cache=False)")
     mode = run.add_mutually_exclusive_group()
@@ -199,10 +201,24 @@ def _unpack_factory_result(result: Any, target: str) -> tuple[Any, list[Any] | N
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
         model, inputs = result
         return model, list(inputs) if isinstance(inputs, list) else [inputs]
+    if isinstance(result, tuple) and len(result) == 2 and _is_function(result[0]):
+        fn, inputs = result  # compile_cache.compile(fn)'s key; warmed by calling it
+        return fn, list(inputs) if isinstance(inputs, list) else [inputs]
+    if _is_function(result):
+        raise UsageError(f"TARGET {target!r} returned a function without example inputs: return "
+                         "(function, example_inputs) or (function, [example_inputs, ...])")
     raise UsageError(
         f"TARGET {target!r} returned {type(result).__name__}; expected a torch.nn.Module, "
-        "(model, example_inputs) or (model, [example_inputs, ...])"
+        "(model, example_inputs), (model, [example_inputs, ...]) or (function, example_inputs)"
     )
+
+
+def _is_function(value: Any) -> bool:
+    """A function (or other callable that is not a module or a class): what
+    ``compile_cache.compile(fn)`` compiles."""
+    from torch import nn
+
+    return callable(value) and not isinstance(value, (nn.Module, type))
 
 
 def _check_override_types(name: str, defaults: Any, overrides: dict[str, tuple[str, Any]]) -> None:
@@ -221,12 +237,31 @@ def _check_override_types(name: str, defaults: Any, overrides: dict[str, tuple[s
                              f"(the {name} config's default is {default!r})")
 
 
+#: What ``--hf`` builds (random weights from the config), tried in this order: for an
+#: encoder-decoder config, then for any other.
+HF_CLASSES = {
+    True: ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModel"),
+    False: ("AutoModelForCausalLM", "AutoModel"),
+}
+
+#: transformers' public mapping (config class -> model class) behind each auto class.
+HF_MAPPINGS = {
+    "AutoModelForSeq2SeqLM": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING",
+    "AutoModelForSpeechSeq2Seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING",
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING",
+    "AutoModel": "MODEL_MAPPING",
+}
+
+
 def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
-    """A random-weight causal LM from its config: never downloads anything."""
+    """A random-weight model from its config: an encoder-decoder LM (T5, BART, Whisper), a
+    causal LM (GPT-2, Llama, Qwen2, Mamba), else the base model (an encoder such as BERT, whose
+    causal-LM head is for decoders only; ViT, CLIP). Never downloads anything."""
     import torch
 
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        import transformers
+        from transformers import AutoConfig
     except ImportError as exc:
         raise UsageError(f"--hf needs transformers: {exc}") from None
     try:
@@ -239,24 +274,76 @@ def _build_hf(name: str, overrides: dict[str, tuple[str, Any]]) -> Any:
     torch.manual_seed(0)
     try:
         config = AutoConfig.for_model(name, **values)
-        return AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # built from the flags alone: any failure is the flags' doing
         raise UsageError(f"--hf {name!r}{' ' + sets if sets else ''}: cannot build the model "
-                         f"({_first_line(exc)})") from None
+                         f"(its config: {_first_line(exc)})") from None
+    tried = []
+    classes = HF_CLASSES[bool(getattr(config, "is_encoder_decoder", False))]
+    for cls_name in classes:
+        auto = getattr(transformers, cls_name)
+        if type(config) not in getattr(transformers, HF_MAPPINGS[cls_name]):  # no model for the type
+            tried.append(f"{cls_name}: no {name} model")
+            continue
+        masked_lm = transformers.MODEL_FOR_MASKED_LM_MAPPING
+        if cls_name == "AutoModelForCausalLM" and type(config) in masked_lm:
+            tried.append(f"{cls_name}: {name} is an encoder (its causal-LM head needs is_decoder)")
+            continue
+        try:
+            return auto.from_config(config)
+        except Exception as exc:  # noqa: BLE001 - the next class may fit; all failing is reported
+            tried.append(f"{cls_name}: {_first_line(exc)}")
+    raise UsageError(f"--hf {name!r}{' ' + sets if sets else ''}: cannot build the model with "
+                     f"{', '.join(classes)} ({'; '.join(tried)})")
+
+
+def _hf_extra_inputs(config: Any, batch: int, seq: int, generator: Any) -> dict[str, Any] | None:
+    """The inputs a transformers model takes besides (or instead of) ``input_ids``: pixels for
+    an image model (ViT; CLIP takes both), log-mel features and decoder tokens for speech
+    (Whisper), decoder tokens for an encoder-decoder LM (T5, BART). None: ``input_ids`` alone."""
+    import torch
+
+    inner = {key: getattr(config, key, None) for key in ("vision_config", "text_config")}
+    vision = inner["vision_config"] or config
+    extra: dict[str, Any] = {}
+    image = getattr(vision, "image_size", None)
+    if isinstance(image, int) and (inner["vision_config"] is not None
+                                   or not isinstance(getattr(config, "vocab_size", None), int)):
+        channels = getattr(vision, "num_channels", 3)
+        extra["pixel_values"] = torch.randn(batch, channels, image, image, generator=generator)
+    mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if isinstance(mels, int) and isinstance(frames, int):
+        extra["input_features"] = torch.randn(batch, mels, 2 * frames, generator=generator)
+    if getattr(config, "is_encoder_decoder", False):
+        vocab = config.vocab_size
+        extra["decoder_input_ids"] = torch.randint(0, vocab, (batch, seq), generator=generator)
+    return extra or None
 
 
 def _token_grid(model: Any, batch_sizes: list[int] | None, seq_lens: list[int] | None,
                 use_cache: bool | None) -> list[Any]:
-    """Random ``input_ids`` for every (batch, seq) pair, with ``use_cache`` for causal LMs."""
+    """Random ``input_ids`` for every (batch, seq) pair, with ``use_cache`` for causal LMs, and
+    what else the model takes (:func:`_hf_extra_inputs`)."""
     import torch
 
     config = getattr(model, "config", None)
     vocab = getattr(config, "vocab_size", None)
+    text = getattr(config, "text_config", None)
+    if not isinstance(vocab, int) and text is not None:
+        vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int) and config is not None and isinstance(
+            getattr(config, "image_size", None), int):
+        generator = torch.Generator().manual_seed(0)
+        return [_hf_extra_inputs(config, b, 0, generator) for b in batch_sizes or [1]]
     if not isinstance(vocab, int):
         raise UsageError(
             "the model needs example inputs: make the TARGET factory return (model, example_inputs)"
         )
-    max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions = text if text is not None else config
+    max_pos = (getattr(positions, "max_position_embeddings", None)
+               or getattr(positions, "n_positions", None))
+    target = getattr(config, "max_target_positions", None)  # decoder tokens (Whisper)
+    if isinstance(target, int):
+        max_pos = min(max_pos, target) if isinstance(max_pos, int) else target
     seq_lens = seq_lens or [min(128, max_pos) if isinstance(max_pos, int) else 128]
     if isinstance(max_pos, int) and max(seq_lens) > max_pos:
         raise UsageError(f"--seq-len {max(seq_lens)}: longer than the model's {max_pos} positions")
@@ -265,6 +352,11 @@ def _token_grid(model: Any, batch_sizes: list[int] | None, seq_lens: list[int] |
     for b in batch_sizes or [1]:
         for s in seq_lens:
             inputs: dict[str, Any] = {"input_ids": torch.randint(0, vocab, (b, s), generator=generator)}
+            extra = _hf_extra_inputs(config, b, s, generator)
+            if extra is not None:
+                if "input_features" in extra:  # speech: features in, no input_ids
+                    del inputs["input_ids"]
+                inputs.update(extra)
             if hasattr(config, "use_cache"):
                 inputs["use_cache"] = bool(use_cache)
             grid.append(inputs)
@@ -323,7 +415,11 @@ class Job:
 
 
 def _tensor_facts(model: Any) -> tuple[str, str]:
-    for tensor in model.parameters():
+    """The dtype and device of a model's first parameter (of a function's first example tensor)."""
+    from ..warmup import output_tensors
+
+    tensors = model.parameters() if hasattr(model, "parameters") else iter(output_tensors(model))
+    for tensor in tensors:
         return str(tensor.dtype).removeprefix("torch."), str(tensor.device)
     return "float32", "cpu"
 
@@ -356,11 +452,15 @@ def build_job(args: argparse.Namespace) -> Job:
                          "return a model alone (the factory gave its example inputs)")
     if args.use_cache is not None and use_cache is None:
         raise UsageError("--use-cache/--no-use-cache: the model's config has no use_cache")
+    function = _is_function(model)
     if dtype is not None or device is not None:
+        if function:
+            raise UsageError("--dtype/--device: a function's factory places its own tensors")
         model = model.to(device=device, dtype=dtype)
         inputs = [_move(x, device, dtype) for x in inputs]
-    model.train(args.train)
-    dtype_name, device_name = _tensor_facts(model)
+    if not function:
+        model.train(args.train)
+    dtype_name, device_name = _tensor_facts(model if not function else inputs)
 
     compile_kwargs: dict[str, Any] = {}
     if args.mode is not None:

@@ -1,8 +1,8 @@
 """The ``python -m compile_cache`` command line (also the ``compile-cache`` console script).
 
 Subcommands: ``warm`` (compile a model into the store ahead of a job), ``ls``, ``stats``,
-``verify``, ``prune``, ``clear``, ``export``, ``import``, ``explain`` (why a key misses) and
-``doctor``. Every one takes
+``verify``, ``prune``, ``clear``, ``export``, ``import``, ``explain`` (why a key misses),
+``doctor`` and ``run`` (start a command with the process-wide store, :mod:`.run`). Every one takes
 ``--cache-dir`` and ``--help``; those that report take ``--json``. Output follows ``ccache -s``
 and ``hf cache ls``: aligned columns, human sizes and ages.
 
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "settings shows it in compile_cache.last_report().key. Exit 1 when the store "
                        "has no entry for the key afterwards.")
     add_job_arguments(p)
+    p.add_argument("--whole-model", action="store_true",
+                   help="compile the model whole, as compile_cache.compile(model) (the same key), "
+                        "instead of by regions")
     p.set_defaults(func=_command("warm", "cmd_warm"))
 
     p = sub.add_parser("ls", parents=both, help="list cache entries",
@@ -137,7 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_job_arguments(p)
     p.add_argument("--limit", type=int, default=5, metavar="N",
                    help="without TARGET: explain the N most recent misses and partial hits (default 5)")
+    p.add_argument("--name", metavar="NAME",
+                   help="a process store's name (run --name, compile_cache.enable): its key on this "
+                        "machine, and the environment fields that differ from the name's entries")
     p.set_defaults(func=_command("explain_cmd", "cmd_explain"))
+
+    p = sub.add_parser("run", parents=[store_opts], help="run a command with the store for its own compiles",
+                       description="Start CMD with the process-wide store enabled under NAME, without "
+                       "changing its code: every torch.compile in it restores from and publishes to "
+                       "the store (a sitecustomize on the child's PYTHONPATH). Exit code: CMD's.")
+    p.add_argument("--name", required=True, help="the entry's name (one per program or service)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+    p.set_defaults(func=_command("run", "cmd_run"))
 
     p = sub.add_parser("doctor", parents=both, help="diagnose the store and the environment",
                        description="Where the store is and why, filesystem and lock mode, "

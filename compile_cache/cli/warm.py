@@ -54,13 +54,14 @@ def cmd_warm(args: argparse.Namespace) -> int:
             raise UsageError(f"--cache-dir {args.cache_dir}: exists and is not a directory")
     job = build_job(args)
 
-    from ..api import warm
     from ..session import last_report
+    from ..whole import warm  # a module (api.warm) or a factory's function
 
     progress = not args.json and is_tty(sys.stderr)
     start = time.perf_counter()
     results = warm(job.model, job.inputs, cache_dir=args.cache_dir, train=job.train, grad=job.grad,
-                   precompile=job.precompile, progress=progress, **job.compile_kwargs)
+                   precompile=job.precompile, progress=progress,
+                   whole_model=bool(getattr(args, "whole_model", False)), **job.compile_kwargs)
     seconds = time.perf_counter() - start
     report = last_report()
     key = results[0].key if results else None

@@ -19,7 +19,8 @@ used: capture by use), :mod:`.autotune` (the autotune results its kernels used),
 (CUDA graphs under precompile and regional compilation), :mod:`.pgo` (Dynamo's job profile),
 :mod:`.dynamic_shapes` (the regions' automatic-dynamic decisions), :mod:`.cpp_header` (Inductor's
 precompiled header, built only when needed), :mod:`.inductor_backend` (``torch.compile``'s Inductor
-backend without its compile stack until a graph compiles), :mod:`.c10d` (the default c10d store),
+backend without its compile stack until a graph compiles), :mod:`.restored_code` (restored Inductor
+code without the code generator's imports), :mod:`.c10d` (the default c10d store),
 :mod:`.configs` (the config digests of the environment key), :mod:`.tensors` (tensor layouts),
 :mod:`.kv` (transformers' KV cache inside compiled regions: :mod:`.kv.cache`, nested graph
 breaks; :mod:`.kv.calls`, how a block with a cache is called: the eager update or a layer view).
@@ -47,7 +48,8 @@ __all__ = [
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
 MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "cache_use",
-           "cpp_header", "autotune", "cudagraphs", "pgo", "dynamic_shapes", "inductor_backend")
+           "cpp_header", "autotune", "cudagraphs", "pgo", "dynamic_shapes", "inductor_backend",
+           "restored_code")
 
 
 class TorchCompatWarning(RuntimeWarning):

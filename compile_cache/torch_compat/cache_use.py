@@ -40,8 +40,9 @@ from . import autotune, available, capability, mark_missing
 from .inductor_cache import KernelFile, member_name
 from .tensors import input_signature
 
-__all__ = ["UNVERIFIED_TORCH", "VERIFIED_TORCH", "Unit", "compile_seconds", "counts",
-           "install", "note_file", "on_compiled", "owner_stack", "record_file", "snapshot"]
+__all__ = ["UNVERIFIED_TORCH", "VERIFIED_TORCH", "Unit", "compile_seconds", "counts", "fx_lookups",
+           "install", "note_file", "on_compiled", "owner_stack", "record_file",
+           "record_graph_fields", "snapshot"]
 
 log = logging.getLogger("compile_cache")
 
@@ -121,6 +122,11 @@ _seconds: dict[str, float] = {}  # owner -> compile seconds (kept across Dynamo 
 _counts = {"fx_hit": 0, "fx_write": 0, "aot_hit": 0, "aot_write": 0, "kernel_load": 0,
            "file": 0, "unowned": 0, "resets": 0}
 _installed = False
+#: FX-graph lookups per owner, when :func:`record_graph_fields` is on: fx key -> ``{"hit": bool,
+#: "fields": {field: [hash, value]}}`` (torch's own key details, ``FxGraphHashDetails``).
+_fx_lookups: dict[str, dict[str, dict[str, Any]]] = {}
+_graph_fields = False
+_FIELD_VALUE_CHARS = 120
 
 
 def owner_stack() -> list[str]:
@@ -160,6 +166,38 @@ def snapshot(owners: Iterable[str]) -> tuple[list[tuple[str, Unit]], int]:
             for unit in usage.units:
                 out.append((owner, Unit(unit.slot, dict(unit.entries), dict(unit.kernels))))
     return out, generation
+
+
+def record_graph_fields(on: bool = True) -> None:
+    """Keep, for each FX-graph lookup from now on, torch's key details by field (the process
+    store's ``explain``: which field of a missed graph differs from the published ones)."""
+    global _graph_fields
+    _graph_fields = on
+
+
+def fx_lookups(owners: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The owners' FX-graph lookups: fx key -> ``{"hit": bool, "fields": {field: [hash, value]}}``
+    (empty unless :func:`record_graph_fields` was on)."""
+    out: dict[str, dict[str, Any]] = {}
+    with _lock:
+        for owner in owners:
+            out.update({k: {"hit": v["hit"], "fields": dict(v["fields"])}
+                        for k, v in _fx_lookups.get(owner, {}).items()})
+    return out
+
+
+def _key_fields(debug_lines: Any) -> dict[str, list[str]]:
+    """``{field: [hash, value]}`` from torch's ``debug_lines`` (``[hash] field: value``)."""
+    fields: dict[str, list[str]] = {}
+    for line in debug_lines if isinstance(debug_lines, (list, tuple)) else ():
+        if not isinstance(line, str) or not line.startswith("["):
+            continue
+        digest, _, rest = line[1:].partition("] ")
+        name, _, value = rest.partition(": ")
+        if name:
+            fields[name] = [digest, value if len(value) <= _FIELD_VALUE_CHARS
+                            else value[:_FIELD_VALUE_CHARS] + "..."]
+    return fields
 
 
 def compile_seconds(owners: Iterable[str]) -> float:
@@ -369,9 +407,14 @@ def _install_fx() -> None:
                           **kwargs: Any) -> Any:
             is_backward = kwargs.get("is_backward", args[2] if len(args) > 2 else None)
             with _lock:  # part of the AOT graph being compiled, else (AOT cache off) its own
-                _unit(f"fx:{input_signature(example_inputs, is_backward)}", unless_aot=True)
+                claimed = _unit(f"fx:{input_signature(example_inputs, is_backward)}", unless_aot=True)
             _tls.fx_key, _tls.fx_found = key, None  # kernels loaded from now on belong to it
             result = function(key, debug_lines, example_inputs, *args, **kwargs)
+            if _graph_fields and claimed is not None and claimed[1] is not None:
+                fields = _key_fields(debug_lines)
+                with _lock:
+                    _fx_lookups.setdefault(claimed[1], {})[key] = {
+                        "hit": result[0] is not None, "fields": fields}
             found, _tls.fx_found = getattr(_tls, "fx_found", None), None
             if result[0] is not None:  # a hit that loaded (its kernels were loaded inside)
                 if found is not None and found[0] == key:
@@ -529,5 +572,6 @@ def _reset() -> None:
         _notified.clear()
         _seconds.clear()
         _listeners.clear()
+        _fx_lookups.clear()
         for name in _counts:
             _counts[name] = 0

@@ -15,7 +15,7 @@ import logging
 
 from ... import config
 from .base import ObjectBackend, redact
-from .fsspec_backend import FsspecBackend
+from .fsspec_backend import PACKAGES, FsspecBackend
 
 __all__ = ["open_backend"]
 
@@ -47,5 +47,10 @@ def open_backend(url: str) -> ObjectBackend:
         backend.why = f"the small S3 client declines this store: {why}"
         return backend
     backend = FsspecBackend(url)
-    backend.why = f"{protocol}:// is served through fsspec (the small client is for s3:// only)"
+    package, extra = PACKAGES.get(protocol, (None, None))
+    if package:
+        backend.why = (f"{protocol}:// is served by {package} through fsspec (pip install "
+                       f"'compile-cache[{extra}]'; the small client is for s3:// only)")
+    else:
+        backend.why = f"{protocol}:// is served through fsspec (the small client is for s3:// only)"
     return backend

@@ -1,7 +1,11 @@
-"""Object storage through fsspec (any protocol it knows: ``s3://`` through s3fs, ``gs://``, ``az://``, ``memory://``).
+"""Object storage through fsspec (any protocol it knows: ``s3://`` through s3fs, ``gs://`` through
+gcsfs, ``az://`` through adlfs, ``memory://``).
 
-fsspec and the protocol's package (``pip install compile-cache[s3]``) are imported only when a
-URL needs them.
+fsspec and the protocol's package (``pip install 'compile-cache[s3]'``, ``[gcs]``, ``[azure]``)
+are imported only when a URL needs them. Endpoints and credentials come from the package's own
+configuration, as a user sets it: the environment (``STORAGE_EMULATOR_HOST``,
+``AZURE_STORAGE_CONNECTION_STRING``, ...) or fsspec's config (``FSSPEC_GCS_TOKEN=anon``,
+``~/.config/fsspec/*.json``); nothing here sets one.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from typing import IO, Any
 from ...errors import StoreError
 from .base import ObjectInfo, RemoteError, RetryingBackend, copy_bounded, redact
 
-__all__ = ["FsspecBackend"]
+__all__ = ["FsspecBackend", "PACKAGES"]
+
+#: The package fsspec serves each protocol with, and the extra that installs it.
+PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
+            "gcs": ("gcsfs", "gcs"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"),
+            "abfss": ("adlfs", "azure")}
 
 
 def mtime_of(info: dict[str, Any]) -> float:
@@ -34,11 +43,13 @@ class FsspecBackend(RetryingBackend):
         except ImportError:
             raise StoreError(
                 f"compile cache {redact(url)}: object storage needs fsspec and the protocol's "
-                "package: pip install 'compile-cache[s3]' (gcsfs for gs://, adlfs for az://)"
+                "package: pip install 'compile-cache[s3]' (gcsfs for gs://: [gcs], adlfs for "
+                "az://: [azure])"
             ) from None
         super().__init__(url)
         protocol = self.url.split("://", 1)[0].lower()
-        self.client = "s3fs" if protocol in ("s3", "s3a") else f"fsspec ({protocol})"
+        package = PACKAGES.get(protocol, (None, None))[0]
+        self.client = package or f"fsspec ({protocol})"
         options: dict[str, Any] = {}
         if protocol in ("s3", "s3a"):
             # Our retries, not also the client's (a down store would cost retries squared).
@@ -49,7 +60,8 @@ class FsspecBackend(RetryingBackend):
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         except ImportError as exc:
             raise StoreError(f"compile cache {redact(url)}: {exc} (pip install 'compile-cache[s3]' for "
-                             "s3://, gcsfs for gs://, adlfs for az://)") from None
+                             "s3://, 'compile-cache[gcs]' (gcsfs) for gs://, 'compile-cache[azure]' "
+                             "(adlfs) for az://)") from None
         except (ValueError, TypeError) as exc:
             raise StoreError(f"compile cache {redact(url)}: not a usable store URL: {exc}") from None
         self.root = self.root.rstrip("/")
@@ -84,7 +96,7 @@ class FsspecBackend(RetryingBackend):
     def get(self, name: str, limit: int) -> bytes | None:
         """The object ``name`` (at most ``limit`` bytes read), or None if it does not exist."""
         try:
-            data = self._call(f"reading {name}", lambda: self.fs.cat_file(self._path(name), start=0, end=limit + 1))
+            data = self._call(f"reading {name}", lambda: self._ranged(self._path(name), limit + 1))
         except FileNotFoundError:
             return None
         if len(data) > limit:
@@ -106,7 +118,21 @@ class FsspecBackend(RetryingBackend):
 
     def head(self, name: str, n: int) -> bytes:
         """The first ``n`` bytes of ``name`` (one ranged read: a pack's header for a listing)."""
-        return bytes(self._call(f"reading {name}", lambda: self.fs.cat_file(self._path(name), start=0, end=n)))
+        return bytes(self._call(f"reading {name}", lambda: self._ranged(self._path(name), n)))
+
+    def _ranged(self, path: str, end: int) -> bytes:
+        """Bytes ``[0, end)`` of ``path``. Azure answers a range on an empty blob with 416
+        InvalidRange, where S3 and GCS return nothing: an empty object is b"", not a fault (a
+        fault would take the store down for :data:`~.base.DOWN_FOR` seconds)."""
+        try:
+            return self.fs.cat_file(path, start=0, end=end)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+            if (status == 416 or "InvalidRange" in str(exc)) and self.fs.size(path) == 0:
+                return b""
+            raise
 
     def put(self, name: str, data: bytes) -> None:
         """Write ``name`` whole (object stores make a put atomic: readers see old or new)."""
@@ -117,12 +143,18 @@ class FsspecBackend(RetryingBackend):
         self._call(f"uploading {name}", lambda: self.fs.put_file(path, self._path(name)))
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
-        """Write ``name`` unless it exists; False if it did. Uses a conditional put
-        (``If-None-Match: *``) where the backend has one; elsewhere a check then a put, which is
-        enough: the objects written this way are named by their content."""
+        """Write ``name`` unless it exists; False if it did. A check, then a conditional put
+        (``If-None-Match: *`` on S3, ``ifGenerationMatch=0`` on GCS, ``overwrite=False`` on
+        Azure) where the package has one, else a plain put. The check first: a store (or an
+        emulator: gcp-storage-emulator ignores ``ifGenerationMatch``) that does not enforce the
+        condition still keeps the first writer's object, and the upload is saved; two nodes
+        racing past the check write the same bytes, as the objects written this way are named
+        by their content (entry.json: either node's is right)."""
         path = self._path(name)
 
         def conditional() -> bool:
+            if self.fs.exists(path):
+                return False
             try:
                 self.fs.pipe_file(path, bytes(data), mode="create")
                 return True

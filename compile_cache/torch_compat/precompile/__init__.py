@@ -51,6 +51,7 @@ import shutil
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -180,7 +181,8 @@ class PrecompiledFunction:
     """
 
     def __init__(self, fn: types.FunctionType, compile_kwargs: dict[str, Any], *,
-                 declined: str | None = None, record: dict[str, Any] | None = None) -> None:
+                 declined: str | None = None, record: dict[str, Any] | None = None,
+                 block: Any = None, pin_block: bool = True) -> None:
         import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         from torch._dynamo.package import CompilePackage
@@ -201,6 +203,11 @@ class PrecompiledFunction:
         self._lock = threading.Lock()
         self.pins = Pins(fn.__globals__)
         self._pins_seen = 0
+        #: The group's first block (weakly): what a pin on the block is checked on at load.
+        self._block = weakref.ref(block) if block is not None else None
+        #: Whether identities stored on the block are pinned (a region's block) or decline in
+        #: the first frame (a part compiled whole: :func:`.guards.make_guard_filter`).
+        self._pin_block = pin_block
         #: False for a decline that depends on this process (a global bound differently): the
         #: store should not remember it for the entry.
         self.decline_persists = True
@@ -221,7 +228,9 @@ class PrecompiledFunction:
         """``torch.compile`` with precompile: loads the entry on disk, if any and trusted."""
         import torch
         import torch._dynamo.config as dynamo_config
+        from torch._guards import TracingContext, tracing
 
+        _load_unsaved_grads()  # before the values check unpickles the entry's guards
         declined = self._check_entry_before_loading(record)
         if declined is not None:
             self._decline(declined)
@@ -230,10 +239,16 @@ class PrecompiledFunction:
         fn = self.fn
         kwargs = dict(self.compile_kwargs)
         options = _mode_options(kwargs)
-        options["guard_filter_fn"] = make_guard_filter(self.report)
+        options["guard_filter_fn"] = make_guard_filter(self.report, fn.__code__,
+                                                       self._end_call_on_decline,
+                                                       pin_block=self._pin_block)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
         try:
-            with dynamo_config.patch(caching_precompile=True):
+            # A loaded entry's guards are unpickled inside torch.compile; some sources install a
+            # guard as they are (ImportSource: __import__('torch'), Mamba's), which needs a
+            # tracing context that torch 2.13 sets up only for entries with a compile id: a
+            # throwaway one here, so such an entry loads instead of failing.
+            with dynamo_config.patch(caching_precompile=True), tracing(TracingContext(None)):
                 # torch.compile pops guard_filter_fn out of the dict it is given: pass a copy.
                 self.compiled = torch.compile(fn, options=dict(options), **kwargs)
             self.package = _package_of(self.compiled)
@@ -253,7 +268,7 @@ class PrecompiledFunction:
             self.load_error = "torch could not read the precompile entry (dynamo_cache_error)"
         if self.loaded:
             _advance_unique_ids(fn.__globals__)
-            self.pins.add_current((record or {}).get("pins") or ())
+            self.pins.add_current((record or {}).get("pins") or (), self._block_now())
             # What the entry on disk holds: a save that adds nothing is skipped (pickling the
             # same package again gives other bytes, which would republish at every start).
             self._saved_digest = self.content_digest()
@@ -291,7 +306,8 @@ class PrecompiledFunction:
                         "tracing it again", self.fn.__qualname__)
             shutil.rmtree(entry_dir, ignore_errors=True)
             return None
-        reason = verify(pins, self.fn.__globals__)
+        block = self._block_now()
+        reason = verify(pins, self.fn.__globals__, *(() if block is None else (block,)))
         if reason is not None:
             self.decline_persists = False
             return reason
@@ -301,6 +317,8 @@ class PrecompiledFunction:
             logger.info("compile_cache: precompile entry %s could not be checked (%s: %s); tracing "
                         "it again", self.fn.__qualname__, type(exc).__name__, exc)
             shutil.rmtree(entry_dir, ignore_errors=True)
+            # in the report: the group says why it traced although the store had its entry
+            self.dropped_graphs = [f"the entry could not be checked ({type(exc).__name__}: {exc})"]
             return None
         self.report.values.adopt(checked.kept)
         self.dropped_graphs = list(checked.dropped)
@@ -309,6 +327,16 @@ class PrecompiledFunction:
                         "again: %s", len(checked.dropped), self.fn.__qualname__,
                         "; ".join(checked.dropped))
         return None
+
+    def _block_now(self) -> Any:
+        return self._block() if self._block is not None else None
+
+    def _end_call_on_decline(self) -> None:
+        """The guard filter declines the region's own frame: nothing of the call has run, so
+        the error ends the call (errors not suppressed) instead of Dynamo running the frame,
+        and tracing the frames it calls, eagerly; :meth:`__call__` then runs it without
+        precompile. Restored by :meth:`__call__`."""
+        self._configs[0].suppress_errors = False
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -334,7 +362,7 @@ class PrecompiledFunction:
         if self.declined is not None:
             return self.compiled(*args, **kwargs)
         if self.pins.watching:  # every call: a global rebound since the trace declines
-            moved = self.pins.changed()
+            moved = self.pins.changed(args[0] if args else None)
             if moved is not None:
                 self.decline_persists = False
                 self._decline_during_call(moved)
@@ -557,6 +585,64 @@ def _quiet_declines() -> None:
     logger_ = logging.getLogger("torch._dynamo.convert_frame")
     if _DROP_DECLINES not in logger_.filters:
         logger_.addFilter(_DROP_DECLINES)
+    _quiet_guard_pickling()
+
+
+#: What torch warns when a guard's value is read off a non-leaf tensor's ``.grad``.
+_GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def _quiet_guard_pickling() -> None:
+    """Torch pickles a traced frame's guard state for the package
+    (``torch._dynamo.guards.pickle_guards_state``), reading each guarded tensor's ``.grad``, a
+    non-leaf's included, which warns: a warning plain ``torch.compile`` (nothing saved) never
+    gives, once per training frame. Silenced around that pickling, only while
+    ``caching_precompile`` is on (our own compiles)."""
+    import warnings
+
+    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.guards as dynamo_guards
+
+    original = getattr(dynamo_guards, "pickle_guards_state", None)
+    if original is None or getattr(original, "_compile_cache_quiet", False):
+        return
+
+    @functools.wraps(original)
+    def pickle_guards_state(*args: Any, **kwargs: Any) -> Any:
+        if not dynamo_config.caching_precompile:
+            return original(*args, **kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_GRAD_WARNING, category=UserWarning)
+            return original(*args, **kwargs)
+
+    pickle_guards_state._compile_cache_quiet = True  # type: ignore[attr-defined]
+    dynamo_guards.pickle_guards_state = pickle_guards_state
+
+
+def _load_unsaved_grads() -> None:
+    """Torch pickles a guarded tensor with its ``.grad`` (``GuardsStatePickler``); a ``.grad``
+    that no guard reads is not in the guard tree and is saved as a ``_Missing`` placeholder,
+    which unpickling then assigns to the rebuilt fake tensor's ``.grad``: ``TypeError: assigned
+    grad expected to be a Tensor or None``, and the entry cannot load. That is every graph traced
+    after a backward left gradients on the parameters (T5: ``generate()`` after a training step
+    without ``zero_grad``). A grad no guard reads is rebuilt as None: the guards built from the
+    tensor never look at it (a guard that did would have put it in the tree, saved for real)."""
+    import torch._dynamo.guards as dynamo_guards
+
+    pickler = getattr(dynamo_guards, "GuardsStatePickler", None)
+    missing = getattr(dynamo_guards, "_Missing", None)
+    original = getattr(pickler, "_unpickle_tensor", None)
+    if original is None or missing is None or getattr(original, "_compile_cache_grads", False):
+        return
+    unpickle = original.__func__
+
+    def _unpickle_tensor(cls: type, *args: Any) -> Any:
+        if args and isinstance(args[-1], missing):
+            args = (*args[:-1], None)
+        return unpickle(cls, *args)
+
+    _unpickle_tensor._compile_cache_grads = True  # type: ignore[attr-defined]
+    pickler._unpickle_tensor = classmethod(_unpickle_tensor)
 
 
 def _caused_by(exc: BaseException | None, kind: type) -> bool:

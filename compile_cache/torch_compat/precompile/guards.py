@@ -25,8 +25,17 @@ optional-argument guard.
   objects (the fingerprint pins class and structure; the value guards on their attributes stay)
   and what is reached through the module's class (``type(self)``: the fingerprint pins class and
   ``forward`` code);
-* **decline** anything else (a Python function stored on the instance, a torch builtin stored
-  on the instance, a locally defined class, ...): the filter raises
+* **drop and record by identity** (a *pin*, :mod:`.pins`) what a block stores or reaches that
+  the key does not pin: a function, builtin, class or module object stored on the block
+  (transformers' ``GELUActivation.act = nn.functional.gelu``, ``ACT2FN``), a global Python
+  function not found under its qualname (an ``lru_cache`` helper's ``__wrapped__``, a function
+  in a closure cell), what is reached from ``__import__('torch')``. The pin holds the object's
+  description (module, qualified name and code digest, or the torch op): checked by identity at
+  every call in process, against the publisher's before an entry loads. A source on the block
+  (``self...``) is a pin only in the frame of the region's own call (:func:`compiling_code`), where
+  ``self`` is the block;
+* **decline** anything else (a value reached from another frame's locals, a locally defined
+  class, an object that has no portable description, ...): the filter raises
   :class:`~compile_cache.errors.PrecompileDeclined` and the region compiles without precompile.
   Keeping such a guard is no option: torch 2.13 then fails the compile
   (``check_fn.guards_state must not be None``, ``torch/_dynamo/convert_frame.py``).
@@ -34,9 +43,12 @@ optional-argument guard.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import inspect
+import os
+import re
 import sys
 import threading
 import types
@@ -53,6 +65,7 @@ __all__ = [
     "GuardDecision",
     "GuardReport",
     "classify_guard",
+    "compiling_code",
     "make_guard_filter",
     "unsupported_guard_types",
 ]
@@ -126,13 +139,64 @@ def _serialisable(entry: Any, unsupported: frozenset[str]) -> bool:
     return entry.guard_type not in unsupported and not any(d in unsupported for d in derived)
 
 
+_ROOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*")
+_DYNAMO_GLOBAL = re.compile(r"^G\['_\d+_c\d+'\]")
+_FREE_NAME = re.compile(r"(?<![\w.'\"])[A-Za-z_]\w*")
+
+
+def _root(name: str) -> str:
+    """The local a guard source starts from (``self`` of ``self._modules['mlp'].act``)."""
+    found = _ROOT_NAME.match(name)
+    return found.group(0) if found else ""
+
+
+def _from_import(name: str) -> bool:
+    """A source that starts from ``__import__('<module>')`` and uses no local, only builtins
+    (``list(dict.keys(__import__('torch').utils._pytree.SUPPORTED_NODES))[0]``)."""
+    free = set(_FREE_NAME.findall(name))
+    return "__import__" in free and all(hasattr(builtins, n) for n in free)
+
+
+def _identity_describable(value: Any) -> bool:
+    """An object whose identity a portable description stands for (:func:`.pins.describe`):
+    a module (by name), a builtin or torch op (module and name), a Python function or method
+    (module, qualified name and code digest), a class found under its qualname."""
+    if inspect.ismodule(value) or inspect.isbuiltin(value):
+        return True
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        return isinstance(getattr(value, "__code__", None), types.CodeType)
+    if inspect.isclass(value):
+        return _resolvable(value) or _is_torch_object(value) or _is_stdlib_object(value)
+    return callable(value) and (_is_torch_object(value) or _is_stdlib_object(value)) and bool(
+        getattr(value, "__qualname__", None) or getattr(value, "__name__", None))
+
+
+def compiling_code() -> types.CodeType | None:
+    """The code object Dynamo is building guards for (``CheckFunctionManager(f_code, ...)``,
+    ``torch/_dynamo/guards.py``), read from the caller frames of the guard filter; None when
+    torch no longer calls the filter from there (then no source on the block is pinned)."""
+    suffix = os.path.join("_dynamo", "guards.py")
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__init__" and code.co_filename.endswith(suffix):
+            found = frame.f_locals.get("f_code")
+            if isinstance(found, types.CodeType):
+                return found
+        frame = frame.f_back
+    return None
+
+
 def _describe(value: Any) -> str:
     kind = type(value)
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> GuardDecision:
-    """Keep, drop or decline one ``GuardFilterEntry`` (see the module docstring)."""
+def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
+                   region_frame: bool = False) -> GuardDecision:
+    """Keep, drop or decline one ``GuardFilterEntry`` (see the module docstring).
+    ``region_frame``: the guards are those of the region's own call, where ``self`` is the block
+    (not of another frame Dynamo traced on its own)."""
     from torch import nn
 
     unsupported = unsupported_guard_types() if unsupported is None else unsupported
@@ -144,6 +208,12 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> Gua
     if not entry.has_value:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} (no value to judge)")
     value = entry.value
+    if entry.is_global and _DYNAMO_GLOBAL.match(entry.name):
+        # G['_139751808275920_c65'].Tensor (CLIP): a global Dynamo installed under a name of
+        # this process; a saved entry does not install it again, so a loaded graph would fail
+        # (NameError: ___module_collections_<id>_c65).
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}, a global Dynamo installed in "
+                             f"this process only (a loaded entry would not find it)")
     if entry.is_global:
         if inspect.ismodule(value):
             return GuardDecision(DROP, "global module identity (environment key)")
@@ -155,7 +225,12 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> Gua
             return GuardDecision(DROP, "global class/function by qualname (source checked at load)")
         if isinstance(value, enum.Enum) and _resolvable(type(value)):
             return GuardDecision(DROP, "enum member of a global enum class")
+        if _identity_describable(value):
+            return GuardDecision(DROP, PINNED)
         return GuardDecision(DECLINE, f"{gtype} on global {entry.name} ({_describe(value)})")
+    if _from_import(entry.name) and _identity_describable(value):
+        # __import__('torch').utils._pytree...: reached from a module by name
+        return GuardDecision(DROP, PINNED)
     # Locals: self, args, kwargs and what is reached from them.
     if isinstance(value, nn.Module) and gtype != "NN_MODULE":
         # NN_MODULE also carries the module's `training` check inside it: dropping it would
@@ -169,12 +244,26 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None) -> Gua
         cls_attr = inspect.getattr_static(type(value.__self__), value.__func__.__name__, None)
         if cls_attr is value.__func__:
             return GuardDecision(DROP, "a module's own method (fingerprint: class)")
+    if _identity_describable(value):
+        if region_frame and _root(entry.name) == "self":
+            return GuardDecision(DROP, PINNED)
+        where = ("reached from the call's arguments, not from the block" if region_frame else
+                 "in a frame Dynamo traced apart from the region's call (after a graph break)")
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)}), {where}: "
+                             f"its identity cannot be checked at each call")
     return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)})")
 
 
-def _pinnable(entry: Any) -> bool:
+#: The reason of a dropped identity guard that becomes a pin (:mod:`.pins`).
+PINNED = "recorded by identity (a pin: checked at each call and before an entry loads)"
+
+
+def _pinnable(entry: Any, decision: GuardDecision) -> bool:
     """A dropped guard on a global function, class, builtin or enum member that a rebinding
-    could change (not modules, nor Python's own builtins dict)."""
+    could change (not global modules, nor Python's own builtins dict), or on an object stored
+    on the block or reached from ``__import__`` (:data:`PINNED`)."""
+    if decision.reason == PINNED:
+        return True
     value = entry.value
     return (entry.is_global and entry.has_value
             and (callable(value) or isinstance(value, enum.Enum))
@@ -204,21 +293,40 @@ class GuardReport:
         return not self.declined
 
 
-def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[bool]]:
+def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = None,
+                      on_region_decline: Callable[[], None] | None = None, *,
+                      pin_block: bool = True,
+                      ) -> Callable[[Sequence[Any]], list[bool]]:
     """A ``guard_filter_fn`` for ``torch.compile(options=...)`` that records into ``report`` and
-    raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped."""
+    raises :class:`PrecompileDeclined` when a guard can neither be kept nor dropped.
+
+    ``region_code``: the region function's code; in its frame ``self`` is the block, so what is
+    stored on the block can be pinned. ``on_region_decline`` is called before raising for that
+    frame (nothing of the call has run yet: the caller lets the error end the call, which it
+    runs again without precompile, instead of Dynamo running the frame eagerly).
+    ``pin_block=False`` (a part compiled whole, where graph breaks are common): what would be a
+    pin on the block declines in the region's own frame instead, before anything of the call
+    ran; pinned there, a later frame's decline (after a graph break) would come after frames
+    ran and compiled under precompile, and the part would compile twice."""
     unsupported = unsupported_guard_types()
     lock = threading.Lock()
 
     def guard_filter(entries: Sequence[Any]) -> list[bool]:
         out = []
         values: dict[str, str] = {}
+        code = compiling_code()
+        region_frame = region_code is not None and code is region_code
         with lock:
             report.frames += 1
+            declined_before = len(report.declined)
             for entry in entries:
-                decision = classify_guard(entry, unsupported)
+                decision = classify_guard(entry, unsupported, region_frame=region_frame)
+                if not pin_block and decision.reason == PINNED:
+                    decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: a "
+                                             "part compiled whole is not pinned by identity "
+                                             "(declined in its first frame, before it runs)")
                 if decision.action == DROP:
-                    if _pinnable(entry):
+                    if _pinnable(entry, decision):
                         report.pins.setdefault(entry.name, entry.value)
                     report.dropped += 1
                     kinds = report.dropped_kinds
@@ -235,8 +343,11 @@ def make_guard_filter(report: GuardReport) -> Callable[[Sequence[Any]], list[boo
                         values[source] = described
                 out.append(True)
             report.values.frame(values)
+            here = report.declined[declined_before:]
         if report.declined:
-            raise PrecompileDeclined("; ".join(report.declined))
+            if region_frame and on_region_decline is not None:
+                on_region_decline()
+            raise PrecompileDeclined("; ".join(here or report.declined))
         return out
 
     return guard_filter

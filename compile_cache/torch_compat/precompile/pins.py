@@ -16,6 +16,12 @@ object it named when traced:
   qualified name and, for Python functions, a digest of the code) with the pack, and a node
   that restores the entry checks them before loading it (:func:`verify`); where one differs,
   the group declines precompile on that node.
+
+A pin may also start from the block (``self._modules['mlp'].act``: a function, builtin or
+module object stored on it, as transformers' activations are): it is evaluated with ``self``
+bound to the block being called, at every call, and to the group's first block before an entry
+loads. An object found at a call that is not the pinned one but has the same description (a
+lambda made per block) is accepted and remembered.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ def describe(value: Any) -> str:
     if isinstance(value, enum.Enum):
         kind = type(value)
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if inspect.ismodule(value):
+        return f"module {value.__name__}"
     module = getattr(value, "__module__", None) or type(value).__module__
-    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    name = (getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+            or type(value).__qualname__)
     code = getattr(value, "__code__", None)
     if isinstance(code, types.CodeType):
         return f"{module}.{name}:{code_digest(code)}"
@@ -79,25 +88,38 @@ _CODES: dict[str, types.CodeType] = {}
 _MISSING = object()
 
 
-def _evaluate(source: str, scope: dict[str, Any]) -> Any:
-    """What ``source`` names now; ``_MISSING`` when it cannot be evaluated."""
+_NO_BLOCK = object()
+
+
+def on_block(source: str) -> bool:
+    """Whether a pin's source starts from the block (``self...``), not from a global."""
+    return source == "self" or source.startswith(("self.", "self["))
+
+
+def _evaluate(source: str, scope: dict[str, Any], block: Any = _NO_BLOCK) -> Any:
+    """What ``source`` names now (``self``: ``block``); ``_MISSING`` when it cannot be evaluated."""
     code = _CODES.get(source)
     try:
         if code is None:
             code = _CODES[source] = compile(source, "<compile_cache pin>", "eval")
-        return eval(code, {"__builtins__": builtins, "G": _Globals(scope)})  # noqa: S307
+        local = {} if block is _NO_BLOCK else {"self": block}
+        return eval(code, {"__builtins__": builtins, "G": _Globals(scope)}, local)  # noqa: S307
     except Exception:  # noqa: BLE001 - a source that no longer resolves has changed
         return _MISSING
 
 
-def verify(described: dict[str, str], scope: dict[str, Any]) -> str | None:
-    """None when every pin a publisher recorded names the same thing here, else what differs."""
+def verify(described: dict[str, str], scope: dict[str, Any], block: Any = _NO_BLOCK) -> str | None:
+    """None when every pin a publisher recorded names the same thing here (a pin on the block
+    evaluated on ``block``), else what differs."""
     for source, expected in described.items():
-        value = _evaluate(source, scope)
+        if on_block(source) and block is _NO_BLOCK:
+            return f"{source}: no block to check it on"
+        value = _evaluate(source, scope, block)
         found = "nothing" if value is _MISSING else describe(value)
         if found != expected:
+            where = "the block holds another object" if on_block(source) else "a global bound differently"
             return (f"{source} is {found} here but was {expected} where the entry was "
-                    f"published (a global bound differently)")
+                    f"published ({where})")
     return None
 
 
@@ -110,6 +132,8 @@ class Pins:
     def __init__(self, scope: dict[str, Any]) -> None:
         self.scope = scope
         self._objects: dict[str, Any] = {}
+        #: Per pin on the block: objects seen at a call that describe as the pinned one does.
+        self._alike: dict[str, list[Any]] = {}
         self._code: types.CodeType | None = None
         self._namespace = {"__builtins__": builtins, "G": _Globals(scope)}
 
@@ -127,10 +151,11 @@ class Pins:
             self._objects.setdefault(source, value)
         self._compile()
 
-    def add_current(self, sources: Any) -> None:
-        """Pins restored with an entry (verified): what they name now."""
+    def add_current(self, sources: Any, block: Any = _NO_BLOCK) -> None:
+        """Pins restored with an entry (verified; a pin on the block on ``block``): what they
+        name now."""
         for source in sources:
-            value = _evaluate(source, self.scope)
+            value = _evaluate(source, self.scope, block if on_block(source) else _NO_BLOCK)
             if value is not _MISSING:
                 self._objects.setdefault(source, value)
         self._compile()
@@ -159,21 +184,40 @@ class Pins:
                 break
         self._namespace["G"] = roots if roots is not None else _Globals(self.scope)
 
-    def changed(self) -> str | None:
-        """None while every pin names the object it named when traced, else which one moved."""
+    def changed(self, block: Any = None) -> str | None:
+        """None while every pin names the object it named when traced (a pin on the block: on
+        ``block``, the block being called), else which one moved."""
         if self._code is None:
             return None
         try:
-            if eval(self._code, self._namespace):  # noqa: S307 - Dynamo's own guard sources
+            if eval(self._code, self._namespace, {"self": block}):  # noqa: S307 - Dynamo's sources
                 return None
         except Exception:  # noqa: BLE001 - one source no longer resolves: find which below
             pass
         for source, value in self._objects.items():
-            found = _evaluate(source, self.scope)
-            if found is not value:
-                text = "nothing" if found is _MISSING else describe(found)
-                return f"{source} was rebound after compiling (now {text}, was {describe(value)})"
+            mine = on_block(source)
+            found = _evaluate(source, self.scope, block if mine else _NO_BLOCK)
+            if found is value:
+                continue
+            if mine and found is not _MISSING and self._alike_of(source, value, found):
+                continue
+            text = "nothing" if found is _MISSING else describe(found)
+            if mine:
+                return (f"{source} of {type(block).__name__} is {text}, not the {describe(value)} "
+                        f"the group's compiled code was traced with (set after compiling, or "
+                        f"different between the group's blocks)")
+            return f"{source} was rebound after compiling (now {text}, was {describe(value)})"
         return None
+
+    def _alike_of(self, source: str, pinned: Any, found: Any) -> bool:
+        """``found`` on a block describes as ``pinned`` does (a function made per block)."""
+        alike = self._alike.setdefault(source, [])
+        if any(found is seen for seen in alike):
+            return True
+        if describe(found) != describe(pinned):
+            return False
+        alike.append(found)
+        return True
 
     def described(self) -> dict[str, str]:
         """The portable descriptions a publisher records with the entry."""

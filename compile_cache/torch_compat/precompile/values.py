@@ -183,8 +183,12 @@ def _differs(guards_state: bytes, record: dict[str, str]) -> str | None:
     in, to what it was traced with; else the first that does not."""
     from torch._dynamo.guards import _get_closure_vars
     from torch._dynamo.package import load_guards_state
+    from torch._guards import TracingContext, tracing
 
-    state = load_guards_state(guards_state)
+    # Some sources install a guard as they are unpickled (ImportSource: __import__('torch')),
+    # which needs a tracing context: torch loads an entry inside one (_compile_frame_context).
+    with tracing(TracingContext(None)):
+        state = load_guards_state(guards_state)
     graph = state.output_graph
     guards = {guard.name: guard for guard in graph.guards}
     scope = {"L": graph.local_scope, "G": graph.global_scope,

@@ -1,0 +1,334 @@
+"""Restored Inductor code that runs without importing Inductor's code generator.
+
+Every Python module Inductor writes for a compiled graph (its ``call``) starts with the same
+imports (torch 2.13, ``codegen/wrapper.py``). Two of them import, on a start that restores its
+code and compiles nothing, modules only a compile needs (imported after the rest of what a
+restore needs: ~490 modules, 3-3.5 s on a loaded 2-core machine; 97 of them are not imported
+otherwise, the rest come with ``torch._inductor.debug``, which a compiled graph's call reads;
+benchmarks/RESULTS.md):
+
+* ``from torch._inductor.codegen.memory_planning import _align as align``: memory_planning
+  imports the code generator (``codegen.wrapper``, the scheduler, autotuning, AOTAutograd's
+  partitioners and networkx) to re-export ``torch._inductor.utils._align``;
+* ``from torch._inductor.select_algorithm import extern_kernels``: select_algorithm imports
+  ``lowering`` and every GEMM kernel module, which fill the ``extern_kernels`` namespace with the
+  callables the code calls (``extern_kernels.addmm(...)`` is ``torch.addmm``).
+
+:func:`install` replaces ``torch._inductor.codecache``'s ``_reload_python_module`` (how
+``PyCodeCache`` loads such a module: read, compile, exec) by the same function that compiles the
+source with those two lines exchanged, each only while its module is not imported yet, line for
+line (tracebacks keep their line numbers): ``_align`` straight from ``torch._inductor.utils``
+(the same object), and ``extern_kernels`` from :data:`EXTERN_KERNELS`, a namespace whose
+``mm``, ``addmm``, ``bmm`` and ``baddbmm`` are the torch functions torch's kernel modules
+register under those names (checked in torch's sources when installing) and whose any other
+attribute is read from torch's own namespace, importing it then. The file on disk, its key and
+every kernel are torch's; a module loaded while a compile has imported those modules is
+compiled from its source unchanged.
+
+A third import comes before the module's: ``FxGraphCache.cache_hit_post_compile`` imports
+``torch._inductor.graph`` (which imports ``lowering`` and every kernel module) only to call
+``GraphLowering.save_output_code`` when a test has set it. A class attribute set only by code
+that imported ``graph``: :func:`install` recompiles torch's function from torch's source with
+that import reading ``torch._inductor.graph`` from ``sys.modules`` (None when not imported, and
+then nothing is called) and puts the code into torch's own function object (its wrappers keep
+calling it), the same lines at the same line numbers.
+
+Capability ``inductor.light_restored_code``: without it restored code imports the code
+generator, as torch does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+from . import available, capability, mark_missing
+
+__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "installed", "lighten", "uninstall"]
+
+CAPABILITY = "inductor.light_restored_code"
+
+_TASKS = "torch._inductor.runtime.compile_tasks"
+_MEMORY_PLANNING = "torch._inductor.codegen.memory_planning"
+_SELECT_ALGORITHM = "torch._inductor.select_algorithm"
+#: Each line of torch's wrapper header -> (the module it imports, the line that replaces it).
+_LINES = {
+    f"from {_MEMORY_PLANNING} import _align as align": (
+        _MEMORY_PLANNING, "from torch._inductor.utils import _align as align"),
+    f"from {_SELECT_ALGORITHM} import extern_kernels": (
+        _SELECT_ALGORITHM, f"from {__name__} import EXTERN_KERNELS as extern_kernels"),
+}
+#: extern kernel name -> (torch function, the registration that names it, the source file under
+#: torch/_inductor that holds it). ``ExternKernelChoice`` registers ``kernel`` under
+#: ``name or kernel.__name__`` and refuses a second registration of a name.
+_KNOWN = {
+    "mm": ("mm", 'aten_mm = ExternKernelChoice(torch.mm, "at::mm_out", op_overload=aten.mm.out)',
+           ("kernel", "mm.py")),
+    "addmm": ("addmm", 'aten_addmm = ExternKernelChoice(\n    torch.addmm, "at::addmm_out", '
+              "op_overload=aten.addmm.out\n)", ("kernel", "mm.py")),
+    "bmm": ("bmm", 'aten_bmm = ExternKernelChoice(torch.bmm, "at::bmm_out", op_overload=aten.bmm.out)',
+            ("kernel", "bmm.py")),
+    "baddbmm": ("baddbmm", 'aten_baddbmm = ExternKernelChoice(\n    torch.baddbmm, "at::baddbmm_out", '
+                "op_overload=aten.baddbmm.out\n)", ("kernel", "bmm.py")),
+}
+_REGISTERS = ("name = name or kernel.__name__", "setattr(extern_kernels, name, kernel)")
+#: In ``FxGraphCache.cache_hit_post_compile``: torch's lines -> the same lines reading the
+#: module only if it is imported.
+_POST_COMPILE = (
+    ("            from .graph import GraphLowering\n",
+     '            GraphLowering = getattr(sys.modules.get(__name__.rpartition(".")[0] + ".graph"), '
+     '"GraphLowering", None)\n'),
+    ("            if GraphLowering.save_output_code is not None:\n",
+     "            if GraphLowering is not None and GraphLowering.save_output_code is not None:\n"),
+)
+
+
+def _source(*parts: str) -> str:
+    import torch._inductor
+
+    with open(os.path.join(os.path.dirname(torch._inductor.__file__), *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+@capability(
+    CAPABILITY,
+    needs="torch._inductor.codecache._reload_python_module (torch._inductor.runtime."
+    "compile_tasks's: read, compile, exec), the wrapper header's imports of memory_planning's "
+    "_align (torch._inductor.utils._align) and select_algorithm's extern_kernels "
+    "(ExternKernelChoice's registrations of torch.mm, addmm, bmm and baddbmm)",
+    breaks="a start that restores every graph imports Inductor's code generator, lowering and "
+    "the GEMM kernel modules (~490 modules) for the two names its restored code imports",
+)
+def _probe() -> str | None:
+    from torch._inductor import codecache, utils
+    from torch._inductor.runtime import compile_tasks
+
+    reload = getattr(compile_tasks, "_reload_python_module", None)
+    current = codecache._reload_python_module
+    if current is _reload_python_module:  # installed here already: torch's is the one it replaced
+        current = _original
+    if getattr(reload, "__module__", None) != _TASKS or current is not reload:
+        return "torch._inductor.codecache no longer loads modules by compile_tasks._reload_python_module"
+    names = set(reload.__code__.co_names)
+    if not {"open", "compile", "ModuleType", "exec", "modules"} <= names:
+        return "compile_tasks._reload_python_module no longer reads, compiles and execs the file"
+    if reload.__code__.co_varnames[:3] != ("key", "path", "set_sys_modules"):
+        return "compile_tasks._reload_python_module has another signature"
+    wrapper = _source("codegen", "wrapper.py")
+    for line in _LINES:
+        if line not in wrapper:
+            return f"Inductor's wrapper header no longer has {line!r}"
+    if not callable(getattr(utils, "_align", None)):
+        return "torch._inductor.utils has no _align"
+    if "from ..utils import _align" not in _source("codegen", "memory_planning.py"):
+        return "memory_planning's _align is no longer torch._inductor.utils._align"
+    select_algorithm = _source("select_algorithm.py")
+    if not all(text in select_algorithm for text in _REGISTERS):
+        return "ExternKernelChoice no longer registers kernels under name or kernel.__name__"
+    try:
+        _post_compile_code()
+    except _Unsupported as exc:
+        return str(exc)
+    sources: dict[tuple[str, ...], str] = {}
+    for name, (_, registration, where) in _KNOWN.items():
+        text = sources.setdefault(where, _source(*where))
+        if registration not in text:
+            return f"torch no longer registers extern kernel {name!r} as {registration.split(chr(10))[0]!r}"
+    return None
+
+
+class _Unsupported(Exception):
+    """torch's function is not the one this module knows how to recompile."""
+
+
+def _post_compile_code() -> Any:
+    """The code of ``FxGraphCache.cache_hit_post_compile`` compiled from torch's source with
+    :data:`_POST_COMPILE`'s lines exchanged (same file name and line numbers)."""
+    import __future__
+
+    import inspect
+    import textwrap
+
+    from torch._inductor import codecache
+
+    function = _post_compile_function()
+    if function.__code__.co_freevars or function.__closure__:
+        raise _Unsupported("FxGraphCache.cache_hit_post_compile is a closure")
+    lines, first = inspect.getsourcelines(function)
+    source = "".join(lines)
+    for old, new in _POST_COMPILE:
+        if source.count(old) != 1:
+            raise _Unsupported(f"FxGraphCache.cache_hit_post_compile has no line {old.strip()!r}")
+        source = source.replace(old, new)
+    if "sys" not in vars(codecache) or vars(codecache)["sys"] is not sys:
+        raise _Unsupported("torch._inductor.codecache does not import sys")
+    source = textwrap.dedent(source)
+    if not source.startswith("@staticmethod\n"):
+        raise _Unsupported("FxGraphCache.cache_hit_post_compile is not a staticmethod")
+    flags = 0
+    if getattr(codecache, "annotations", None) is __future__.annotations:
+        flags |= __future__.annotations.compiler_flag
+    code = compile("\n" * (first - 1) + source, function.__code__.co_filename, "exec", flags=flags,
+                   dont_inherit=True)
+    namespace: dict[str, Any] = {}
+    exec(code, vars(codecache), namespace)  # noqa: S102 - torch's own source, two lines changed
+    new = getattr(namespace.get(function.__name__), "__func__", None)
+    if new is None or new.__code__.co_freevars or new.__code__.co_firstlineno != function.__code__.co_firstlineno:
+        raise _Unsupported("FxGraphCache.cache_hit_post_compile did not recompile as itself")
+    return new.__code__
+
+
+def _post_compile_function() -> Any:
+    """torch's own ``FxGraphCache.cache_hit_post_compile`` function (under any wrapper of
+    ours: the guard of :mod:`.inductor_cache` keeps it as ``__wrapped__``)."""
+    from torch._inductor import codecache
+
+    function = vars(codecache.FxGraphCache)["cache_hit_post_compile"]
+    function = getattr(function, "__func__", function)
+    while getattr(function, "__wrapped__", None) is not None:
+        function = function.__wrapped__
+    if getattr(function, "__module__", None) != codecache.__name__:
+        raise _Unsupported("FxGraphCache.cache_hit_post_compile is not torch's function")
+    return function
+
+
+class _ExternKernels:
+    """Stands for ``select_algorithm.extern_kernels`` in restored code: the known GEMMs are the
+    torch functions torch registers under their names; any other name is read from torch's
+    namespace (importing select_algorithm, once)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        known = _KNOWN.get(name)
+        if known is not None:
+            import torch
+
+            fn = getattr(torch, known[0])
+        else:
+            from torch._inductor.select_algorithm import extern_kernels
+
+            fn = getattr(extern_kernels, name)
+        setattr(self, name, fn)  # read once
+        return fn
+
+    def __repr__(self) -> str:
+        return "<compile_cache's stand-in for torch._inductor.select_algorithm.extern_kernels>"
+
+
+#: What restored code loaded before select_algorithm is imported gets as ``extern_kernels``.
+EXTERN_KERNELS = _ExternKernels()
+
+_lock = threading.Lock()
+_original: Any = None
+_post_compile: tuple[Any, Any] | None = None  # (torch's function, its own code)
+#: Lines exchanged, by the module they did not import (for tests and the report).
+COUNTS: dict[str, int] = {}
+
+
+def lighten(source: str) -> str:
+    """``source`` with each header import of a module not imported yet exchanged for its light
+    line (the same number of lines)."""
+    if not any(line in source for line in _LINES):
+        return source
+    lines = source.split("\n")
+    for i, line in enumerate(lines[:200]):  # the header: the imports come first
+        swap = _LINES.get(line)
+        if swap is not None and swap[0] not in sys.modules:
+            lines[i] = swap[1]
+            COUNTS[swap[0]] = COUNTS.get(swap[0], 0) + 1
+    return "\n".join(lines)
+
+
+def _reload_python_module(key: str, path: str, set_sys_modules: bool = True) -> ModuleType:
+    """torch's ``compile_tasks._reload_python_module`` (torch 2.13), compiling the source
+    through :func:`lighten`."""
+    with open(path) as f:
+        try:
+            code = compile(lighten(f.read()), path, "exec", dont_inherit=True)
+        except Exception as e:
+            raise RuntimeError(f"Failed to import {path}\n{type(e).__name__}: {e}") from None
+        mod = ModuleType(f"{_TASKS}.{key}")
+        mod.__file__ = path
+        mod.key = key  # type: ignore[attr-defined]
+        exec(code, mod.__dict__, mod.__dict__)  # noqa: S102 - torch's own loading of its code
+        if set_sys_modules:
+            sys.modules[mod.__name__] = mod
+        return mod
+
+
+def installed() -> bool:
+    """Whether restored code loads through :func:`lighten` in this process."""
+    return _original is not None
+
+
+def install() -> bool:
+    """Loads restored code without the code generator's imports from now on (idempotent);
+    False where torch lacks what it needs."""
+    global _original, _post_compile
+    with _lock:
+        if _original is not None:
+            return True
+        if not available(CAPABILITY):
+            return False
+        try:
+            # torch's compiled-graph call reads torch._inductor.debug as an attribute, which
+            # the code generator's imports would have imported
+            import torch._inductor.debug  # noqa: F401
+            from torch._inductor import codecache
+
+            function, code = _post_compile_function(), _post_compile_code()
+            _original = codecache._reload_python_module
+            codecache._reload_python_module = _reload_python_module
+            _post_compile = function, function.__code__
+            function.__code__ = code
+        except Exception as exc:  # noqa: BLE001 - a torch that moved it: torch's loading
+            mark_missing(CAPABILITY, f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+
+def install_for(compile_kwargs: dict[str, Any]) -> bool:
+    """:func:`install` when ``compile_kwargs`` compile with Inductor (the default backend)."""
+    if compile_kwargs.get("backend", "inductor") != "inductor":
+        return False
+    if _may_use_cudagraphs(compile_kwargs):
+        # a restored graph's backward reads torch._inductor.cudagraph_trees as an attribute
+        # (output_code.maybe_handle_backward_generation), which the code generator's imports
+        # would have imported
+        import torch._inductor.cudagraph_trees  # noqa: F401
+    return install()
+
+
+def _may_use_cudagraphs(compile_kwargs: dict[str, Any]) -> bool:
+    """Whether a compile with ``compile_kwargs`` can wrap its graphs in CUDA graphs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    options = compile_kwargs.get("options") or {}
+    if compile_kwargs.get("mode") in ("reduce-overhead", "max-autotune") or options.get(
+        "triton.cudagraphs"
+    ):
+        return True
+    from torch._inductor import config
+
+    return bool(config.triton.cudagraphs)
+
+
+def uninstall() -> None:
+    """Puts torch's loader back (tests)."""
+    global _original, _post_compile
+    with _lock:
+        if _original is not None:
+            from torch._inductor import codecache
+
+            codecache._reload_python_module = _original
+            _original = None
+        if _post_compile is not None:
+            function, code = _post_compile
+            function.__code__ = code
+            _post_compile = None

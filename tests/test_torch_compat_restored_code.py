@@ -1,0 +1,167 @@
+"""compile_cache.torch_compat.restored_code: restored Inductor code loads without importing the
+code generator, and runs the same kernels.
+
+What must hold: the stand-in ``extern_kernels`` gives, for every name it knows, the very object
+torch's own namespace holds (and any other name from torch's); the exchanged header lines import
+the same ``_align``; a module is changed only while the module its line imports is not imported,
+line for line; torch's ``cache_hit_post_compile`` recompiled keeps its file, line numbers and
+behaviour (it still calls ``GraphLowering.save_output_code`` when a test set it). The fresh node
+that restores everything and imports none of those modules is in tests/test_precompile.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from compile_cache.torch_compat import restored_code
+
+HEADER = [
+    "import torch",
+    "from torch._inductor.hooks import run_intermediate_hooks",
+    "from torch._inductor.utils import maybe_profile",
+    "from torch._inductor.codegen.memory_planning import _align as align",
+    "from torch import device, empty_strided",
+    "from torch._inductor.async_compile import AsyncCompile",
+    "from torch._inductor.select_algorithm import extern_kernels",
+    "",
+    "def call(a, b, c):",
+    "    return extern_kernels.addmm(c, a, b), align(3)",
+]
+
+
+def test_the_stand_in_holds_torchs_own_kernels() -> None:
+    from torch._inductor.codegen.memory_planning import _align
+    from torch._inductor.select_algorithm import extern_kernels
+
+    stand_in = restored_code._ExternKernels()
+    for name in restored_code._KNOWN:
+        assert getattr(stand_in, name) is getattr(extern_kernels, name), name
+    # a name it does not know comes from torch's namespace
+    assert stand_in.mm_dtype is extern_kernels.mm_dtype
+    with pytest.raises(AttributeError):
+        stand_in.no_such_kernel  # noqa: B018
+    from torch._inductor.utils import _align as utils_align
+
+    assert _align is utils_align
+
+
+def test_lines_are_exchanged_only_while_their_module_is_not_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = "\n".join(HEADER)
+    import torch._inductor.codegen.memory_planning  # noqa: F401
+    import torch._inductor.select_algorithm  # noqa: F401
+
+    assert restored_code.lighten(source) == source  # both imported: torch's lines
+    monkeypatch.delitem(sys.modules, "torch._inductor.select_algorithm")
+    light = restored_code.lighten(source).split("\n")
+    assert len(light) == len(HEADER)
+    assert [i for i, (a, b) in enumerate(zip(light, HEADER, strict=True)) if a != b] == [6]
+    assert light[6] == ("from compile_cache.torch_compat.restored_code import EXTERN_KERNELS "
+                        "as extern_kernels")
+    monkeypatch.delitem(sys.modules, "torch._inductor.codegen.memory_planning")
+    light = restored_code.lighten(source).split("\n")
+    assert [i for i, (a, b) in enumerate(zip(light, HEADER, strict=True)) if a != b] == [3, 6]
+    assert light[3] == "from torch._inductor.utils import _align as align"
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(light), "<restored>", "exec"), namespace)  # noqa: S102
+    a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    out, aligned = namespace["call"](a, b, c)
+    torch.testing.assert_close(out, torch.addmm(c, a, b), rtol=0, atol=0)
+    from torch._inductor.utils import _align
+
+    assert aligned == _align(3)
+    assert namespace["extern_kernels"] is restored_code.EXTERN_KERNELS
+
+
+def test_torch_header_still_has_the_lines() -> None:
+    """The probe reads torch's sources: the capability is there on this torch, and the header
+    torch writes has exactly the lines :func:`lighten` exchanges."""
+    from compile_cache import torch_compat
+
+    assert torch_compat.available(restored_code.CAPABILITY)
+    from torch._inductor.codegen import wrapper
+
+    text = Path(wrapper.__file__).read_text()
+    assert all(line in text for line in restored_code._LINES)
+
+
+def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook() -> None:
+    from torch._inductor import codecache
+    from torch._inductor.graph import GraphLowering
+
+    function = restored_code._post_compile_function()
+    torchs = function.__code__
+    code = restored_code._post_compile_code()
+    assert code.co_filename == torchs.co_filename == codecache.__file__
+    assert code.co_firstlineno == torchs.co_firstlineno
+    assert code.co_varnames[:3] == torchs.co_varnames[:3] == ("graph", "cache_info", "constants")
+    assert len(list(code.co_lines())) > 10 and max(line for *_, line in code.co_lines() if line) \
+        == max(line for *_, line in torchs.co_lines() if line)
+
+    class Stop(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def save(source: str) -> None:
+        seen.append(source)
+        raise Stop
+
+    graph = type("G", (), {"_triton_bundle": None, "source_code": "src",
+                           "after_deserialization": lambda self, constants: "path"})()
+    recompiled = type(function)(code, function.__globals__, function.__name__)
+    old = GraphLowering.save_output_code
+    GraphLowering.save_output_code = save
+    try:
+        with pytest.raises(Stop):
+            recompiled(graph, {}, None)
+    finally:
+        GraphLowering.save_output_code = old
+    assert seen == ["src"]
+
+
+def test_install_is_idempotent_and_uninstall_gives_torch_its_own_back() -> None:
+    from torch._inductor import codecache
+
+    was = restored_code.installed()
+    function = restored_code._post_compile_function()
+    try:
+        restored_code.uninstall()
+        torchs_loader, torchs_code = codecache._reload_python_module, function.__code__
+        assert torchs_loader.__module__ == "torch._inductor.runtime.compile_tasks"
+        assert restored_code.install() and restored_code.install()
+        assert codecache._reload_python_module is restored_code._reload_python_module
+        assert function.__code__ is not torchs_code
+        # the probe run after installing (doctor, capabilities() in a process that compiled)
+        # still finds torch's loader: the one ours replaced
+        assert restored_code._probe() is None
+        restored_code.uninstall()
+        assert codecache._reload_python_module is torchs_loader
+        assert function.__code__ is torchs_code
+    finally:
+        if was:
+            restored_code.install()
+
+
+def test_a_module_loads_as_torchs_loader_loads_it(tmp_path: Path) -> None:
+    """The same module name, file, key and globals; only the exchanged lines differ."""
+    from torch._inductor.runtime.compile_tasks import _reload_python_module as torchs
+
+    path = tmp_path / "cxyz.py"
+    path.write_text("\n".join(HEADER) + "\n")
+    if not restored_code.installed():
+        assert restored_code.install()
+    ours = restored_code._reload_python_module("kx", str(path), set_sys_modules=False)
+    theirs = torchs("kx", str(path), set_sys_modules=False)
+    assert ours.__name__ == theirs.__name__ == "torch._inductor.runtime.compile_tasks.kx"
+    assert ours.__file__ == theirs.__file__ and ours.key == theirs.key == "kx"
+    assert set(vars(ours)) == set(vars(theirs))
+    a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    for got, want in zip(ours.call(a, b, c), theirs.call(a, b, c), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
