@@ -24,7 +24,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import artifacts
@@ -76,6 +76,10 @@ class Usage:
     units: list[dict[str, Any]]
     always: list[str]
     generation: int
+    #: The member of the groups' automatic-dynamic record and the record (JSON-ready), or None.
+    #: It is in no unit: the manifest names it with ``always`` (each pack's newest wins), so it
+    #: adds no unit to supersede; whether it may travel alone is the publisher's call.
+    dynamic: tuple[str, dict[str, Any]] | None = None
 
 
 def _sha256(data: bytes) -> str:
@@ -122,10 +126,12 @@ def precompile_unit(group: str) -> tuple[str, str]:
 
 
 def usage(owners: Sequence[str], known: Known | None = None,
-          extra: Mapping[str, Mapping[str, bytes]] | None = None) -> Usage:
+          extra: Mapping[str, Mapping[str, bytes]] | None = None,
+          files: Iterable[str] | None = None) -> Usage:
     """The candidate members of the region groups ``owners`` (code names), plus the ISA probe's
     libraries and ``extra`` (group -> member -> bytes: a group's saved Dynamo precompile entry,
-    one unit per group, so a newer entry of the group supersedes the older one)."""
+    one unit per group, so a newer entry of the group supersedes the older one). ``files``: the
+    model's source files, which scope the resume functions of its automatic-dynamic record."""
     known = known or {}
     snapshot, generation = cache_use.snapshot(owners)
     candidates: dict[str, Candidate] = {}
@@ -169,16 +175,16 @@ def usage(owners: Sequence[str], known: Known | None = None,
         candidates[member] = Candidate(member, digest, lambda data=data: data)
         units.append({"scope": owners[0], "slot": "dynamo-pgo#0", "members": [member]})
         extra_digests.append(digest)
-    dynamic = _dynamic_record(owners)
-    if dynamic is not None:  # the groups' automatic-dynamic decisions: a unit of the first group
-        member, data = dynamic
+    dynamic = _dynamic_record(owners, files)
+    if dynamic is not None:  # the groups' automatic-dynamic decisions (named in no unit)
+        member, state = dynamic
+        data = dynamic_shapes.encode_state(state)
         digest = _sha256(data)
         candidates[member] = Candidate(member, digest, lambda data=data: data)
-        units.append({"scope": owners[0], "slot": "dynamo-dynamic#0", "members": [member]})
         extra_digests.append(digest)
     # Changes whenever anything to publish does (a replaced entry keeps its name, not its bytes).
     marker = hash((generation, len(always), tuple(extra_digests)))
-    return Usage(candidates, units, always, marker)
+    return Usage(candidates, units, always, marker, dynamic)
 
 
 def _job_profile(owners: Sequence[str]) -> tuple[str, bytes] | None:
@@ -199,16 +205,17 @@ def _job_profile(owners: Sequence[str]) -> tuple[str, bytes] | None:
         return None
 
 
-def _dynamic_record(owners: Sequence[str]) -> tuple[str, bytes] | None:
-    """(member, bytes) of the automatic-dynamic record of the groups ``owners`` (what this
+def _dynamic_record(owners: Sequence[str], files: Iterable[str] | None = None
+                    ) -> tuple[str, dict[str, Any]] | None:
+    """(member, record) of the automatic-dynamic record of the groups ``owners`` (what this
     process learned, merged with what it restored), or None when there is none."""
     if not owners:
         return None
     # a group's decode-step function (the layer view) too, precompiled or not
-    state = dynamic_shapes.snapshot([*owners, *(owner + VIEWS_SUFFIX for owner in owners)])
+    state = dynamic_shapes.snapshot([*owners, *(owner + VIEWS_SUFFIX for owner in owners)], files)
     if state is None:
         return None
-    return dynamic_shapes.member(owners[0]), dynamic_shapes.encode_state(state)
+    return dynamic_shapes.member(owners[0]), state
 
 
 def resolve(found: Usage, held: Mapping[str, set[str | None]]
@@ -242,7 +249,10 @@ def resolve(found: Usage, held: Mapping[str, set[str | None]]
             digest = _sha256(data)
         digests[member] = digest
         members[member] = data
-    return members, generations.make_manifest(found.units, found.always, digests)
+    # The record is named with the members every pack carries (the newest pack's record wins),
+    # but unlike the ISA libraries its bytes matter: it was never given the same-name shortcut.
+    always_named = [*found.always, *([found.dynamic[0]] if found.dynamic else [])]
+    return members, generations.make_manifest(found.units, always_named, digests)
 
 
 def _reset() -> None:

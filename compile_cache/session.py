@@ -130,6 +130,7 @@ class CacheSession:
             precompiled=self.precompiled, entry_info=self._entry_info, lock=self._lock,
             on_error=self.record_failure,
         )
+        self.publishing.source_files = dynamic_shapes.source_files(model)
 
     # -- before compiling -------------------------------------------------------------------
     def restore(self, *, count: bool = True) -> None:
@@ -213,6 +214,7 @@ class CacheSession:
         if state is None:
             return
         self._restored_dynamic = state
+        self.publishing.dynamic_base = dynamic_shapes.decisions(state)
         turned = dynamic_shapes.install(state)
         self.report.dynamic_inputs = dynamic_shapes.summary(state)
         logger.info("compile_cache: restored automatic-dynamic decisions of %s (%d dynamic "
@@ -295,7 +297,8 @@ class CacheSession:
             name = getattr(code, "co_name", None)
             if isinstance(name, str) and reasons and dynamic_shapes.is_region_code(name, owners):
                 guards[name] = [str(r) for r in reasons]
-        causes = partial_causes(self._restored_dynamic, dynamic_shapes.snapshot(owners), guards,
+        causes = partial_causes(self._restored_dynamic,
+                                dynamic_shapes.snapshot(owners, self.publishing.source_files), guards,
                                 graphs=self.report.fxgraph_misses, dynamic_false=self._dynamic_false,
                                 publishes=not self.store.fs.read_only)
         self.report.partial_causes = [cause.text() for cause in causes]

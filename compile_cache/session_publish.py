@@ -18,7 +18,7 @@ from ._sizes import format_size
 from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .store import Store, generations
-from .torch_compat import cache_use
+from .torch_compat import cache_use, dynamic_shapes
 
 logger = logging.getLogger("compile_cache")
 
@@ -56,6 +56,11 @@ class SessionPublisher:
         #: Publish torch's key details of the FX graphs used (:func:`graph_metadata`; the
         #: process store, whose ``explain`` names the field a missed graph differs in).
         self.graph_fields = False
+        #: The automatic-dynamic decisions the store is known to hold (restored, or published by
+        #: this process): a record that gains none does not make a pack on its own.
+        self.dynamic_base: set[tuple[str, str, str, int]] = set()
+        #: The model's source files (scope the record's resume functions; None: all of them).
+        self.source_files: frozenset[str] | None = None
         self._lock = lock
         self._on_error = on_error
         self._publish_lock = threading.Lock()
@@ -116,7 +121,7 @@ class SessionPublisher:
         with the manifest of the whole usage (runs on the publisher's thread)."""
         with self._publish_lock:
             self.read_extra()
-            found = capture.usage(self.owners, self.known, self._extra)
+            found = capture.usage(self.owners, self.known, self._extra, self.source_files)
             if found.generation == self._published_generation or not found.units:
                 return
             members, manifest = capture.resolve(found, self._held())
@@ -124,6 +129,15 @@ class SessionPublisher:
             if not members:
                 logger.info("compile_cache: the store has everything %s used", self.key[:12])
                 return
+            gained = set()
+            if found.dynamic is not None:
+                gained = dynamic_shapes.decisions(found.dynamic[1]) - self.dynamic_base
+                if set(members) == {found.dynamic[0]} and not gained:
+                    # Only the record's sizes changed (a value seen once more): it travels with
+                    # the next pack that publishes for another reason, never alone.
+                    logger.info("compile_cache: the store has every graph %s used; its "
+                                "automatic-dynamic record gained no decision", self.key[:12])
+                    return
             answers = artifacts.isa_probe_answers() or {}
             self._write_pack(members, {
                 generations.MANIFEST_KEY: manifest,
@@ -131,6 +145,7 @@ class SessionPublisher:
                 **self.precompiled.metadata(),
                 **(graph_metadata(cache_use.fx_lookups(self.owners)) if self.graph_fields else {}),
             })
+            self.dynamic_base |= gained
 
     def publish_diff(self, diff: artifacts.Capture) -> None:
         """The fallback: publishes the files the local dirs gained that the store lacks."""

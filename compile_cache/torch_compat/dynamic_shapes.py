@@ -27,8 +27,8 @@ from typing import Any
 from . import available, capability, inductor_cache
 from .precompile import names
 
-__all__ = ["MEMBER_DIR", "encode_state", "install", "is_region_code", "merge", "restored_file", "snapshot",
-           "summary"]
+__all__ = ["MEMBER_DIR", "decisions", "encode_state", "install", "is_region_code", "merge", "restored_file",
+           "snapshot", "source_files", "summary"]
 
 log = logging.getLogger("compile_cache")
 
@@ -114,15 +114,42 @@ def is_region_code(name: str, owners: Iterable[str]) -> bool:
     return _wanted(name, set(owners))
 
 
-def _wanted(name: str, owners: Iterable[str]) -> bool:
+def _wanted(name: str, owners: Iterable[str], filename: str | None = None,
+            files: Iterable[str] | None = None) -> bool:
     """A group's code (its function, or its precompiled function: named after the group and
-    the key, the same on every node) or a resume function after a graph break."""
-    return names.owner_of(name) in owners or name.startswith(RESUME_PREFIX)
+    the key, the same on every node) or a resume function after a graph break; with ``files``
+    (base names), only a resume function of code in one of those files."""
+    if names.owner_of(name) in owners:
+        return True
+    if not name.startswith(RESUME_PREFIX):
+        return False
+    if files is None or filename is None or os.path.basename(filename) in files:
+        return True
+    return any(owner in name for owner in owners)  # resumes a group's function itself
 
 
-def snapshot(owners: Iterable[str]) -> dict[str, Any] | None:
-    """The process's record for the groups ``owners`` (code names) and the resume functions,
-    JSON-ready; None when there is none (nothing compiled, or torch lacks the record)."""
+def source_files(model: Any) -> frozenset[str]:
+    """Base names of the files that define the classes of ``model``'s modules: where the resume
+    functions of its graph breaks lie (a break in a group's own function resumes in a function
+    named after it). Another model's in the same process (another file) stay out of this one's
+    record."""
+    import inspect
+
+    out = set()
+    for cls in {type(m) for m in model.modules()}:
+        try:
+            path = inspect.getsourcefile(cls)
+        except TypeError:  # a class without a source file (built in)
+            continue
+        if path:
+            out.add(os.path.basename(path))
+    return frozenset(out)
+
+
+def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[str, Any] | None:
+    """The process's record for the groups ``owners`` (code names) and the resume functions
+    (with ``files``, those of code in these files: :func:`source_files`), JSON-ready; None when
+    there is none (nothing compiled, or torch lacks the record)."""
     if not available("pgo.automatic_dynamic"):
         return None
     from torch._dynamo import pgo
@@ -131,9 +158,10 @@ def snapshot(owners: Iterable[str]) -> dict[str, Any] | None:
     if not states:
         return None
     owners = set(owners)
+    files = None if files is None else set(files)
     codes: dict[str, Any] = {}
     for code_id, state in list(states.items()):
-        if not _wanted(code_id.name, owners) or not state.automatic_dynamic:
+        if not _wanted(code_id.name, owners, code_id.filename, files) or not state.automatic_dynamic:
             continue
         try:
             entries = {name: _encode_entry(e) for name, e in state.automatic_dynamic.items()}
@@ -202,6 +230,24 @@ def _dynamic_dims(entry: Any) -> int:
     if isinstance(entry.size, tuple):  # a tensor: its sizes (its scalar is "dyn" by torch's rule)
         return sum(d is pgo.auto_dynamic for d in entry.size)
     return int(entry.scalar is pgo.auto_dynamic)
+
+
+def decisions(state: dict[str, Any] | None) -> set[tuple[str, str, str, int]]:
+    """The record's dynamic decisions: (code, input, "size"/"stride"/"scalar", dimension) for
+    each value recorded as varying. A record that gained none has nothing new for another node
+    (its other changes are sizes seen once, which a fresh node learns by running)."""
+    out: set[tuple[str, str, str, int]] = set()
+    for key, code in ((state or {}).get("codes") or {}).items():
+        for name, entry in (code.get("inputs") or {}).items():
+            size = entry.get("size")
+            if isinstance(size, list):  # a tensor: its dimensions (its scalar is "dyn" by rule)
+                out.update((key, name, "size", i) for i, v in enumerate(size) if v == "dyn")
+            elif entry.get("scalar") is not None and entry.get("scalar") != "dyn":
+                continue  # an int or float seen at one value (its size and stride are "dyn" by rule)
+            elif size == "dyn" and entry.get("scalar") == "dyn" and entry.get("stride") == "dyn":
+                # a tensor whose rank changed, or a scalar that varied: either is a decision
+                out.add((key, name, "any", -1))
+    return out
 
 
 def summary(state: dict[str, Any] | None) -> dict[str, list[str]]:
