@@ -1,14 +1,17 @@
 """Child process for tests/test_dynamic_shapes.py: one fresh node's ``generate()`` at one prompt
 length, regionally compiled with real Inductor and a store, against eager.
 
-    python _dynamic_child.py STORE LENGTH [static] [ARCH...] [warm=16,32,64 | forward=24,40,20]
+    python _dynamic_child.py STORE LENGTH [static] [ARCH...] [warm=16,32,64] [prefill=48] [forward=24,40,20]
 
-``static`` compiles with ``dynamic=False``. After the generates, ``warm=...`` runs
-compile_cache.warm() of the Llama's forward (no KV cache) at those lengths on this node, and
-``forward=...`` runs forwards of that Llama at those lengths against eager. Prints
-``RESULT {json}``: per model, whether the token ids equal eager's, the FX-graph hits and misses of
-its generate, the restored packs, the automatic-dynamic decisions the session restored, the
-errors and timings; under ``warm``/``forward`` the same for the forwards.
+``static`` compiles with ``dynamic=False``. After the generates, on another Llama (``llama_kv``:
+another width, so another key and other code objects than the generates' Llama): ``warm=...``
+runs compile_cache.warm() of its forward with a KV cache (``use_cache=True``, what
+``warm --use-cache --seq-len ...`` runs) at those lengths; ``prefill=N`` runs its generate()
+prefill alone (one new token) at N tokens against eager; ``forward=...`` runs its forwards with
+a KV cache at those lengths against eager. Prints ``RESULT {json}``: per model, whether the token
+ids equal eager's, the FX-graph hits and misses of its generate, the restored packs, the
+automatic-dynamic decisions the session restored, the errors and timings; under
+``warm``/``prefill``/``forward`` the same for those calls.
 """
 
 import os
@@ -29,6 +32,8 @@ CONFIGS = {
     "llama": dict(model_type="llama", num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
     "gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=64),
+    "llama_kv": dict(model_type="llama", num_hidden_layers=2, hidden_size=48, intermediate_size=64,
+                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
 }
 
 
@@ -40,15 +45,25 @@ def build(arch: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def forwards(lengths: list[int], warm: bool) -> dict:
-    """``warm``: compile_cache.warm() over ``lengths``; else forwards at them against eager."""
-    model = build("llama")
+def forwards(lengths: list[int], mode: str) -> dict:
+    """``llama_kv`` at ``lengths`` with a KV cache: ``warm``, compile_cache.warm() over them;
+    ``prefill``, generate() of one new token (its prefill alone) against eager; ``forward``,
+    forwards against eager."""
+    model = build("llama_kv")
     inputs = [dict(input_ids=torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)),
-                   use_cache=False) for n in lengths]
+                   use_cache=True) for n in lengths]
     hit, miss = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
     equal = []
-    if warm:
+    if mode == "warm":
         compile_cache.warm(model, inputs, cache_dir=STORE)
+    elif mode == "prefill":
+        calls = [dict(input_ids=x["input_ids"], attention_mask=torch.ones_like(x["input_ids"]),
+                      max_new_tokens=1, do_sample=False, pad_token_id=0) for x in inputs]
+        with torch.no_grad():
+            refs = [model.generate(**call) for call in calls]
+            compile_cache.compile_regions(model, cache_dir=STORE)
+            outs = [model.generate(**call) for call in calls]
+        equal = [bool(torch.equal(o, r)) for o, r in zip(outs, refs, strict=True)]
     else:
         with torch.no_grad():
             refs = [model(**x).logits for x in inputs]
@@ -96,6 +111,6 @@ def run(arch: str) -> dict:
 
 ARCHS = [a for a in OPTIONS if a != "static" and "=" not in a] or ["llama", "gpt2"]
 result = {arch: run(arch) for arch in ARCHS}
-for mode, lengths in THEN.items():
-    result[mode] = forwards(lengths, mode == "warm")
+for mode, lengths in THEN.items():  # in the order given
+    result[mode] = forwards(lengths, mode)
 print("RESULT " + __import__("json").dumps(result))

@@ -71,6 +71,10 @@ def test_a_record_says_which_dimension_varied_and_round_trips_as_json(counting_b
     (group,) = two["codes"].values()
     assert group["name"].startswith("region__Block_")
     assert dynamic_shapes.summary(two) == {group["name"]: ["L['args'][0] (dim 1)"]}
+    # the decisions a record-only pack needs: none at one length (sizes seen once), one at two
+    (key,) = two["codes"]
+    assert dynamic_shapes.decisions(one) == set()
+    assert dynamic_shapes.decisions(two) == {(key, "L['args'][0]", "size", 1)}
     again = json.loads(dynamic_shapes.encode_state(two))
     assert again == two and dynamic_shapes.encode_state(again) == dynamic_shapes.encode_state(two)
     # merged across nodes: a dimension seen to vary anywhere is dynamic
@@ -176,13 +180,16 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
     length, so compiles the dynamic graphs and publishes them with the merged record; nodes 3
     and 4 compile those same graphs: FX-graph hits only.
 
-    A forward at new lengths after a warm over a range, on the same nodes (one process fewer per
-    node than a chain of its own): node 3, after its generates, runs compile_cache.warm() of the
-    Llama's forward without a KV cache at 16, 32 and 64 tokens (graphs the store lacked: it
-    compiles them); node 4 runs forwards at 24, 40 and 20 tokens and compiles nothing.
+    A generate() prefill and forwards at new lengths after a warm over a range, on the same
+    nodes (no process of their own), on another Llama (another key, other code objects, so
+    nothing the generates compiled serves them): node 3, after its generates, runs
+    compile_cache.warm() of that Llama's forward with a KV cache (``warm --use-cache``) at 16, 32
+    and 64 tokens (graphs the store lacked: it compiles them); node 4 runs its generate() prefill
+    at 48 tokens first (its code objects fresh in the process: what it needs comes from the
+    store), then forwards at 24, 40 and 20 tokens, and compiles nothing.
     Costs four child processes, three with Inductor compiles."""
     store = tmp_path / "store"
-    then = {12: ("warm=16,32,64",), 24: ("forward=24,40,20",)}
+    then = {12: ("warm=16,32,64",), 24: ("prefill=48", "forward=24,40,20")}
     nodes = {length: _node(tmp_path / f"node-{length}", store, length, *then.get(length, ()))
              for length in (16, 10, 12, 24)}
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))  # what each node did, for a failure
@@ -206,12 +213,20 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
         (mine,) = [p for p in recorded if p["key"] == got["key"] and p["pid"] == got["pid"]]
         kinds = {c["kind"] for c in mine["causes"]}
         assert "shape" in kinds and "path" not in kinds, mine  # node 1 took the same paths
-    warm, later = nodes[12]["warm"], nodes[24]["forward"]
+    warm, prefill, later = nodes[12]["warm"], nodes[24]["prefill"], nodes[24]["forward"]
     assert warm["fx_misses"] > 0 and not warm["errors"], warm  # the store lacked these graphs
+    # the prefill at a length the warm never ran: the warm's dynamic graphs, from the store
+    assert prefill["equal"] == [True] and not prefill["errors"], prefill
+    assert prefill["restored_packs"] > 0 and prefill["fx_misses"] == 0 and prefill["fx_hits"] > 0, prefill
     assert later["equal"] == [True, True, True] and not later["errors"], later
     assert later["restored_packs"] > 0 and later["fx_misses"] == 0, later
     assert later["fx_hits"] + later["precompile_hits"] > 0, later
-    # the warm compiled the Llama's group through precompile: its precompiled function's record
-    # (named after the group and the key, the same on every node) travelled too
-    assert any(code.startswith("region_") and names.INFIX in code and "dim 1" in " ".join(inputs)
-               for code, inputs in later["dynamic_inputs"].items()), later["dynamic_inputs"]
+    # the blocks called with a cache compile without precompile (their group's function's record
+    # travelled); the final norm compiled through precompile: its precompiled function's record
+    # (named after the part and the key, the same on every node) travelled too
+    for got in (prefill, later):
+        records = got["dynamic_inputs"]
+        assert any(code.startswith("region_") and names.INFIX not in code and "dim 1" in " ".join(inputs)
+                   for code, inputs in records.items()), records
+        assert any(code.startswith("part_") and names.INFIX in code and "dim 1" in " ".join(inputs)
+                   for code, inputs in records.items()), records
