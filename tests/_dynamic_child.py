@@ -23,6 +23,7 @@ from torch._dynamo.utils import counters
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import compile_cache
+from compile_cache.torch_compat import dynamic_shapes
 
 STORE, LENGTH = sys.argv[1], int(sys.argv[2])
 OPTIONS = sys.argv[3:]
@@ -72,7 +73,9 @@ def forwards(lengths: list[int], mode: str) -> dict:
         equal = [bool(torch.allclose(o, r, atol=1e-5, rtol=1e-4)) for o, r in zip(outs, refs, strict=True)]
     assert compile_cache.session.flush(120)
     report = compile_cache.last_report()
-    return {"equal": equal, "fx_hits": counters["inductor"]["fxgraph_cache_hit"] - hit,
+    group = compile_cache.get_plan(model).groups[0].code_name  # the record's member is named so
+    restored = dynamic_shapes.read_restored(group) or {}
+    return {"equal": equal, "record_codes": sorted(c["name"] for c in restored.get("codes", {}).values()), "fx_hits": counters["inductor"]["fxgraph_cache_hit"] - hit,
             "fx_misses": counters["inductor"]["fxgraph_cache_miss"] - miss,
             "restored_packs": report.restored_packs, "dynamic_inputs": report.dynamic_inputs,
             "precompile_hits": report.precompile_hits, "errors": report.errors}

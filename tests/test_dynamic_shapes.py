@@ -221,12 +221,11 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
     assert later["equal"] == [True, True, True] and not later["errors"], later
     assert later["restored_packs"] > 0 and later["fx_misses"] == 0, later
     assert later["fx_hits"] + later["precompile_hits"] > 0, later
-    # the blocks called with a cache compile without precompile (their group's function's record
-    # travelled); the final norm compiled through precompile: its precompiled function's record
-    # (named after the part and the key, the same on every node) travelled too
+    # the blocks called with a cache compile without precompile: their group's function's record
+    # travelled, the length dynamic; the final norm compiled through precompile: its precompiled
+    # function's record (named after the part and the key, the same on every node) travelled too
     for got in (prefill, later):
         records = got["dynamic_inputs"]
         assert any(code.startswith("region_") and names.INFIX not in code and "dim 1" in " ".join(inputs)
                    for code, inputs in records.items()), records
-        assert any(code.startswith("part_") and names.INFIX in code and "dim 1" in " ".join(inputs)
-                   for code, inputs in records.items()), records
+        assert any(code.startswith("part_") and names.INFIX in code for code in got["record_codes"]), got

@@ -128,15 +128,18 @@ def _wanted(name: str, owners: Iterable[str], filename: str | None = None,
     return any(owner in name for owner in owners)  # resumes a group's function itself
 
 
-def source_files(model: Any) -> frozenset[str]:
+def source_files(model: Any) -> frozenset[str] | None:
     """Base names of the files that define the classes of ``model``'s modules: where the resume
     functions of its graph breaks lie (a break in a group's own function resumes in a function
     named after it). Another model's in the same process (another file) stay out of this one's
-    record."""
+    record. None (every resume function) for what is not a module."""
     import inspect
 
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return None
     out = set()
-    for cls in {type(m) for m in model.modules()}:
+    for cls in {type(m) for m in modules()}:
         try:
             path = inspect.getsourcefile(cls)
         except TypeError:  # a class without a source file (built in)
