@@ -3,8 +3,8 @@ length, regionally compiled with real Inductor and a store, against eager.
 
     python _dynamic_child.py STORE LENGTH [static] [ARCH...] [warm=16,32,64] [prefill=48] [forward=24,40,20]
 
-``static`` compiles with ``dynamic=False``. After the generates, on another Llama (``llama_kv``:
-another width, so another key and other code objects than the generates' Llama): ``warm=...``
+``static`` compiles with ``dynamic=False``. After the generates, on a tiny Qwen2 (``qwen2_kv``:
+another key and other code objects than the generates' models): ``warm=...``
 runs compile_cache.warm() of its forward with a KV cache (``use_cache=True``, what
 ``warm --use-cache --seq-len ...`` runs) at those lengths; ``prefill=N`` runs its generate()
 prefill alone (one new token) at N tokens against eager; ``forward=...`` runs its forwards with
@@ -33,7 +33,11 @@ CONFIGS = {
     "llama": dict(model_type="llama", num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
     "gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=64),
-    "llama_kv": dict(model_type="llama", num_hidden_layers=2, hidden_size=48, intermediate_size=64,
+    # another family (its own modeling file): Dynamo's resume functions after a graph break are
+    # code objects of the modeling file, shared in a process by every model of that family, and
+    # so is their automatic-dynamic record; a Llama of another width here would make the Llama's
+    # record dynamic in the width (what this process saw), a graph later nodes do not have
+    "qwen2_kv": dict(model_type="qwen2", num_hidden_layers=2, hidden_size=48, intermediate_size=64,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
 }
 
@@ -47,10 +51,10 @@ def build(arch: str) -> torch.nn.Module:
 
 
 def forwards(lengths: list[int], mode: str) -> dict:
-    """``llama_kv`` at ``lengths`` with a KV cache: ``warm``, compile_cache.warm() over them;
+    """``qwen2_kv`` at ``lengths`` with a KV cache: ``warm``, compile_cache.warm() over them;
     ``prefill``, generate() of one new token (its prefill alone) against eager; ``forward``,
     forwards against eager."""
-    model = build("llama_kv")
+    model = build("qwen2_kv")
     inputs = [dict(input_ids=torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)),
                    use_cache=True) for n in lengths]
     hit, miss = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]

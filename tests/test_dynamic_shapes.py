@@ -181,9 +181,9 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
     and 4 compile those same graphs: FX-graph hits only.
 
     A generate() prefill and forwards at new lengths after a warm over a range, on the same
-    nodes (no process of their own), on another Llama (another key, other code objects, so
+    nodes (no process of their own), on a tiny Qwen2 (another key, other code objects, so
     nothing the generates compiled serves them): node 3, after its generates, runs
-    compile_cache.warm() of that Llama's forward with a KV cache (``warm --use-cache``) at 16, 32
+    compile_cache.warm() of its forward with a KV cache (``warm --use-cache``) at 16, 32
     and 64 tokens (graphs the store lacked: it compiles them); node 4 runs its generate() prefill
     at 48 tokens first (its code objects fresh in the process: what it needs comes from the
     store), then forwards at 24, 40 and 20 tokens, and compiles nothing.
