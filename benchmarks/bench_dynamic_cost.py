@@ -19,6 +19,7 @@ import argparse
 import time
 
 import torch
+from bench_generate import FirstToken  # the same first-token clock as bench_generate
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import compile_cache
@@ -31,21 +32,6 @@ def build() -> torch.nn.Module:
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
         attn_implementation="eager", bos_token_id=0, eos_token_id=0, pad_token_id=0)
     return AutoModelForCausalLM.from_config(cfg).eval()
-
-
-class _FirstToken:
-    """generate's streamer: put() #1 is the prompt, #2 the first new token (its time: ``at``)."""
-
-    def __init__(self) -> None:
-        self.calls, self.at = 0, 0.0
-
-    def put(self, value: object) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.at = time.perf_counter()
-
-    def end(self) -> None:
-        pass
 
 
 def forward_cost() -> None:
@@ -89,7 +75,7 @@ def decode_cost(new: int) -> None:
                    for name, m in models.items()}
 
     def rate(model: torch.nn.Module) -> float:
-        streamer = _FirstToken()
+        streamer = FirstToken()
         with torch.no_grad():
             model.generate(streamer=streamer, **call)
         return (new - 1) / (time.perf_counter() - streamer.at)
