@@ -22,11 +22,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import IO
 
 from .base import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
 
-__all__ = ["HttpBackend", "HttpError", "paginate"]
+__all__ = ["HttpBackend", "HttpError", "clean_code", "iso_mtime", "paginate"]
 
 #: Bytes of an error response read for its code.
 ERROR_BODY = 64 << 10
@@ -145,6 +146,17 @@ class _Response:
             except (OSError, http.client.HTTPException):
                 pass
         self._backend.drop()
+
+
+def iso_mtime(text: str | None) -> float:
+    """A listing's time (ISO 8601, UTC: S3's ``LastModified``, GCS's ``updated``) as a
+    timestamp; 0 if unreadable."""
+    if not text:
+        return 0.0
+    try:
+        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def paginate(fetch: Callable[[str | None], tuple[dict[str, ObjectInfo], str | None]], what: str,

@@ -43,6 +43,7 @@ from .rest import (
     HttpError,
     _Response,
     clean_code,
+    iso_mtime,
     paginate,
 )
 from .s3_auth import EMPTY_SHA256, S3Settings, sign
@@ -193,7 +194,7 @@ class S3Backend(HttpBackend):
                 if not key.startswith(root) or key.endswith("/"):
                     continue
                 out[key[len(root):]] = ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
-                                                  _mtime(item.findtext(f"{ns}LastModified")))
+                                                  iso_mtime(item.findtext(f"{ns}LastModified")))
             token = tree.findtext(f"{ns}NextContinuationToken")
             return out, (token if (tree.findtext(f"{ns}IsTruncated") or "").lower() == "true" else None)
 
@@ -283,13 +284,3 @@ def _bucket_region(header: str | None, body: bytes) -> str | None:
         return header.strip()
     found = _REGION_RE.search(body)
     return found.group(1).decode("ascii") if found else None
-
-
-def _mtime(text: str | None) -> float:
-    """ListObjectsV2's ``LastModified`` (ISO 8601, UTC) as a timestamp; 0 if unreadable."""
-    if not text:
-        return 0.0
-    try:
-        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return 0.0
