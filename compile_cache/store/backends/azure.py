@@ -34,14 +34,14 @@ import hashlib
 import hmac
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ...redact import check_credential
 from .base import ObjectInfo, RemoteError, redact
-from .rest import ERROR_BODY, HttpBackend, HttpError, _Response, clean_code, paginate
+from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code
 
 __all__ = ["AzureBackend", "AzureSettings", "settings", "shared_key"]
 
@@ -165,26 +165,20 @@ class AzureBackend(HttpBackend):
 
     def __init__(self, url: str, settings: AzureSettings) -> None:
         super().__init__(url)
-        rest = self.url.split("://", 1)[1]
-        self.container, _, prefix = rest.partition("/")
-        self.prefix = prefix.strip("/")
         self._s = settings
         self.client = f"small Azure Blob client (stdlib; credentials: {settings.source})"
 
     def _where(self) -> tuple[str, str, str | None]:
         return self._s.scheme, self._s.host, None
 
-    def _key(self, name: str) -> str:
-        return "/".join(p for p in (self.prefix, name) if p)
-
     def _path(self, key: str | None) -> str:
         """The encoded URI path of the container (``key`` None) or of a blob."""
-        path = f"{self._s.base_path}/{quote(self.container, safe='')}"
+        path = f"{self._s.base_path}/{quote(self.bucket, safe='')}"
         return path if key is None else f"{path}/{quote(key, safe='/-_.~')}"
 
     def _request(self, method: str, key: str | None, what: str, *, query: dict[str, str] | None = None,
                  headers: dict[str, str] | None = None, body: bytes | IO[bytes] | None = None,
-                 length: int = 0, ok: tuple[int, ...] = (200,)) -> _Response:
+                 length: int = 0, ok: tuple[int, ...] = (200,)) -> Response:
         """One signed request on the container or blob ``key``; its response if the status is
         in ``ok``, FileNotFoundError on a 404, :class:`~.rest.HttpError` else."""
         query = dict(query or {})
@@ -212,45 +206,26 @@ class AzureBackend(HttpBackend):
         raise HttpError(out.status, code, what)
 
     def _object(self, method: str, name: str, what: str, *, headers: dict[str, str] | None = None,
-                ok: tuple[int, ...] = (200,)) -> _Response:
+                ok: tuple[int, ...] = (200,)) -> Response:
         return self._request(method, self._key(name), what, headers=headers, ok=ok)
 
     # -- the interface -------------------------------------------------------------------------
-    def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        """Every object under ``prefix`` (recursive, page by page): its name relative to the
-        store's URL -> its info; empty if there is none (or no container)."""
-        base = self._key(prefix)
+    def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
+        """One List Blobs page (``marker``: the token)."""
+        import xml.etree.ElementTree as ET
+
+        query = {"restype": "container", "comp": "list", "maxresults": str(self.page_size)}
         if base:
-            base += "/"
-        root = f"{self.prefix}/" if self.prefix else ""
-        what = f"listing {prefix or '/'}"
+            query["prefix"] = base
+        if token:
+            query["marker"] = token
+        tree = ET.fromstring(self._page(self._request("GET", None, what, query=query), what))
+        found = [(blob.findtext("Name") or "",
+                  ObjectInfo(int(blob.findtext("Properties/Content-Length") or 0),
+                             _mtime(blob.findtext("Properties/Last-Modified")))) for blob in tree.iter("Blob")]
+        return found, tree.findtext("NextMarker") or None
 
-        def page(marker: str | None) -> tuple[dict[str, ObjectInfo], str | None]:
-            import xml.etree.ElementTree as ET
-
-            query = {"restype": "container", "comp": "list", "maxresults": str(self.page_size)}
-            if base:
-                query["prefix"] = base
-            if marker:
-                query["marker"] = marker
-            tree = ET.fromstring(self._page(self._request("GET", None, what, query=query), what))
-            out: dict[str, ObjectInfo] = {}
-            for blob in tree.iter("Blob"):
-                key = blob.findtext("Name") or ""
-                if not key.startswith(root) or key.endswith("/"):
-                    continue
-                out[key[len(root):]] = ObjectInfo(int(blob.findtext("Properties/Content-Length") or 0),
-                                                  _mtime(blob.findtext("Properties/Last-Modified")))
-            return out, tree.findtext("NextMarker") or None
-
-        def find() -> dict[str, ObjectInfo]:
-            try:
-                return paginate(page, what)
-            except FileNotFoundError:  # no container
-                return {}
-        return self._call(what, find)
-
-    def _put(self, name: str, body: bytes | IO[bytes], length: int, create: bool = False) -> bool:
+    def _upload(self, name: str, body: bytes | IO[bytes], length: int, create: bool = False) -> bool:
         """One Put Blob; False when ``create`` and the blob is there (409 or 412)."""
         if length > MAX_PUT:
             raise RemoteError(f"{redact(self.url)}/{name}: {length} bytes is over a single Put Blob's limit")
@@ -262,32 +237,7 @@ class AzureBackend(HttpBackend):
         self._read_all(resp, ERROR_BODY)
         return resp.status == 201
 
-    def put(self, name: str, data: bytes) -> None:
-        """Write ``name`` whole (a Put Blob is atomic: readers see old or new)."""
-        data = bytes(data)
-        self._call(f"writing {name}", lambda: self._put(name, data, len(data)))
-
-    def put_file(self, name: str, path: str) -> None:
-        """Upload the local file ``path`` as ``name`` (streamed from disk)."""
-        def upload() -> None:
-            with open(path, "rb") as fh:
-                self._put(name, fh, os.fstat(fh.fileno()).st_size)
-        self._call(f"uploading {name}", upload)
-
     def put_if_absent(self, name: str, data: bytes) -> bool:
         """Write ``name`` unless it exists; False if it did (``If-None-Match: *``: 409/412)."""
         data = bytes(data)
-        return self._call(f"writing {name}", lambda: self._put(name, data, len(data), create=True))
-
-    def delete(self, names: Iterable[str]) -> None:
-        """Remove objects (a missing one is not an error)."""
-        keys = [self._key(n) for n in names]
-        if not keys:
-            return
-
-        def remove() -> None:
-            for key in keys:
-                resp = self._request("DELETE", key, "deleting", ok=(200, 202, 204, 404))
-                self._read_all(resp, ERROR_BODY)
-        self._call(f"deleting {len(keys)} object(s)", remove)
-
+        return self._call(f"writing {name}", lambda: self._upload(name, data, len(data), create=True))

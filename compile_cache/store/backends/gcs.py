@@ -34,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -42,7 +42,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from ...redact import check_credential
 from .base import ObjectInfo, RemoteError, redact
-from .rest import ERROR_BODY, HttpBackend, HttpError, _Response, clean_code, iso_mtime, paginate
+from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code, iso_mtime
 
 __all__ = ["GcsBackend", "GcsSettings", "settings"]
 
@@ -138,9 +138,6 @@ class GcsBackend(HttpBackend):
 
     def __init__(self, url: str, settings: GcsSettings) -> None:
         super().__init__(url)
-        rest = self.url.split("://", 1)[1]
-        self.bucket, _, prefix = rest.partition("/")
-        self.prefix = prefix.strip("/")
         self._s = settings
         self.client = f"small GCS client (stdlib; credentials: {settings.source})"
         self._token_lock = threading.Lock()
@@ -151,9 +148,6 @@ class GcsBackend(HttpBackend):
 
     def _where(self) -> tuple[str, str, str | None]:
         return self._s.scheme, self._s.host, None
-
-    def _key(self, name: str) -> str:
-        return "/".join(p for p in (self.prefix, name) if p)
 
     # -- credentials ---------------------------------------------------------------------------
     def _bearer(self) -> str | None:
@@ -190,7 +184,7 @@ class GcsBackend(HttpBackend):
     # -- requests ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, what: str, *, query: dict[str, str] | None = None,
                  headers: dict[str, str] | None = None, body: bytes | IO[bytes] | None = None,
-                 length: int = 0, ok: tuple[int, ...] = (200,)) -> _Response:
+                 length: int = 0, ok: tuple[int, ...] = (200,)) -> Response:
         """One request (``path`` already encoded); its response if the status is in ``ok``,
         FileNotFoundError on a 404, :class:`~.rest.HttpError` else."""
         sent = {"host": self._s.host, **(headers or {})}
@@ -217,11 +211,11 @@ class GcsBackend(HttpBackend):
         return f"/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(self._key(name), safe='')}"
 
     def _object(self, method: str, name: str, what: str, *, headers: dict[str, str] | None = None,
-                ok: tuple[int, ...] = (200,)) -> _Response:
+                ok: tuple[int, ...] = (200,)) -> Response:
         if method == "HEAD":  # the object's metadata: a small JSON answer
             return self._request("GET", self._object_path(name), what, query={"fields": "name"}, ok=ok)
-        return self._request(method, self._object_path(name), what, query={"alt": "media"},
-                             headers=headers, ok=ok)
+        return self._request(method, self._object_path(name), what,
+                             query={"alt": "media"} if method == "GET" else None, headers=headers, ok=ok)
 
     def _exists(self, name: str) -> bool:
         try:
@@ -232,38 +226,19 @@ class GcsBackend(HttpBackend):
         return True
 
     # -- the interface -------------------------------------------------------------------------
-    def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        """Every object under ``prefix`` (recursive, page by page): its name relative to the
-        store's URL -> its info; empty if there is none (or no bucket)."""
-        base = self._key(prefix)
-        if base:
-            base += "/"
-        root = f"{self.prefix}/" if self.prefix else ""
-        what = f"listing {prefix or '/'}"
+    def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
+        """One page of the objects list (``pageToken``: the token)."""
+        query = {"prefix": base, "maxResults": str(self.page_size),
+                 "fields": "items(name,size,updated),nextPageToken"}
+        if token:
+            query["pageToken"] = token
         path = f"/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        answer = json.loads(self._page(self._request("GET", path, what, query=query), what))
+        found = [(str(item.get("name") or ""), ObjectInfo(int(item.get("size") or 0), iso_mtime(item.get("updated"))))
+                 for item in answer.get("items") or []]
+        return found, answer.get("nextPageToken") or None
 
-        def page(token: str | None) -> tuple[dict[str, ObjectInfo], str | None]:
-            query = {"prefix": base, "maxResults": str(self.page_size),
-                     "fields": "items(name,size,updated),nextPageToken"}
-            if token:
-                query["pageToken"] = token
-            answer = json.loads(self._page(self._request("GET", path, what, query=query), what))
-            out: dict[str, ObjectInfo] = {}
-            for item in answer.get("items") or []:
-                key = str(item.get("name") or "")
-                if not key.startswith(root) or key.endswith("/"):
-                    continue
-                out[key[len(root):]] = ObjectInfo(int(item.get("size") or 0), iso_mtime(item.get("updated")))
-            return out, answer.get("nextPageToken") or None
-
-        def find() -> dict[str, ObjectInfo]:
-            try:
-                return paginate(page, what)
-            except FileNotFoundError:  # no bucket
-                return {}
-        return self._call(what, find)
-
-    def _put(self, name: str, body: bytes | IO[bytes], length: int, create: bool = False) -> bool:
+    def _upload(self, name: str, body: bytes | IO[bytes], length: int, create: bool = False) -> bool:
         """One media upload; False when ``create`` and the object is there (412)."""
         if length > MAX_PUT:
             raise RemoteError(f"{redact(self.url)}/{name}: {length} bytes is over a single upload's limit")
@@ -284,18 +259,6 @@ class GcsBackend(HttpBackend):
         self._read_all(resp, ERROR_BODY)
         return resp.status != 412
 
-    def put(self, name: str, data: bytes) -> None:
-        """Write ``name`` whole (a GCS upload is atomic: readers see old or new)."""
-        data = bytes(data)
-        self._call(f"writing {name}", lambda: self._put(name, data, len(data)))
-
-    def put_file(self, name: str, path: str) -> None:
-        """Upload the local file ``path`` as ``name`` (streamed from disk)."""
-        def upload() -> None:
-            with open(path, "rb") as fh:
-                self._put(name, fh, os.fstat(fh.fileno()).st_size)
-        self._call(f"uploading {name}", upload)
-
     def put_if_absent(self, name: str, data: bytes) -> bool:
         """Write ``name`` unless it exists; False if it did (see the module docstring)."""
         data = bytes(data)
@@ -303,17 +266,5 @@ class GcsBackend(HttpBackend):
         def conditional() -> bool:
             if self._exists(name):
                 return False
-            return self._put(name, data, len(data), create=True)
+            return self._upload(name, data, len(data), create=True)
         return self._call(f"writing {name}", conditional)
-
-    def delete(self, names: Iterable[str]) -> None:
-        """Remove objects (a missing one is not an error)."""
-        paths = [self._object_path(n) for n in names]
-        if not paths:
-            return
-
-        def remove() -> None:
-            for path in paths:
-                resp = self._request("DELETE", path, "deleting", ok=(200, 204, 404))
-                self._read_all(resp, ERROR_BODY)
-        self._call(f"deleting {len(paths)} object(s)", remove)

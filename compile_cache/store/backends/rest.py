@@ -21,13 +21,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import IO
 
 from .base import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
 
-__all__ = ["HttpBackend", "HttpError", "clean_code", "iso_mtime", "paginate"]
+__all__ = ["HttpBackend", "HttpError", "Response", "clean_code", "iso_mtime", "paginate"]
 
 #: Bytes of an error response read for its code.
 ERROR_BODY = 64 << 10
@@ -115,7 +115,7 @@ class _Deadline:
             raise TimeoutError(f"{what}: no complete answer within the request's deadline")
 
 
-class _Response:
+class Response:
     """A response whose body the caller reads, on a connection dropped unless read to the end."""
 
     def __init__(self, backend: HttpBackend, resp: http.client.HTTPResponse, deadline: _Deadline) -> None:
@@ -190,6 +190,13 @@ class HttpBackend(RetryingBackend):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._local = threading.local()
+        #: The bucket (Azure: the container) and the prefix of the URL's objects.
+        self.bucket, _, prefix = self.url.split("://", 1)[1].partition("/")
+        self.prefix = prefix.strip("/")
+
+    def _key(self, name: str) -> str:
+        """The object key of ``name`` (under the URL's prefix)."""
+        return "/".join(p for p in (self.prefix, name) if p)
 
     # -- what a client says --------------------------------------------------------------------
     def _where(self) -> tuple[str, str, str | None]:
@@ -197,7 +204,7 @@ class HttpBackend(RetryingBackend):
         raise NotImplementedError
 
     def _object(self, method: str, name: str, what: str, *, headers: dict[str, str] | None = None,
-                ok: tuple[int, ...] = (200,)) -> _Response:
+                ok: tuple[int, ...] = (200,)) -> Response:
         """One bodiless request on the object ``name``; its response if the status is in ``ok``,
         FileNotFoundError on a 404, :class:`HttpError` else."""
         raise NotImplementedError
@@ -232,7 +239,7 @@ class HttpBackend(RetryingBackend):
                 pass
 
     def _exchange(self, method: str, target: str, headers: dict[str, str],
-                  body: bytes | IO[bytes] | None, what: str) -> _Response:
+                  body: bytes | IO[bytes] | None, what: str) -> Response:
         """Send one request (``target``: the encoded path and query) and read its status and
         headers within the deadline. A kept-alive connection the server had closed is replaced
         and the request sent once more, at once."""
@@ -244,7 +251,7 @@ class HttpBackend(RetryingBackend):
             deadline = _Deadline(conn, self.timeout)
             try:
                 conn.request(method, target, body=body, headers=headers)
-                return _Response(self, conn.getresponse(), deadline)
+                return Response(self, conn.getresponse(), deadline)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 deadline.cancel()
                 self.drop()
@@ -260,14 +267,14 @@ class HttpBackend(RetryingBackend):
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _error_body(self, method: str, resp: _Response) -> bytes:
+    def _error_body(self, method: str, resp: Response) -> bytes:
         """The start of an error response's body (its code is in it); the connection is kept
         only if that was all of it."""
         data = resp.resp.read(ERROR_BODY) if method != "HEAD" else b""
         resp.finish(len(data) < ERROR_BODY)
         return data
 
-    def _read_all(self, resp: _Response, limit: int) -> bytes:
+    def _read_all(self, resp: Response, limit: int) -> bytes:
         """The body, at most ``limit`` + 1 bytes of it (then the connection is dropped)."""
         chunks, total = [], 0
         while total <= limit:
@@ -283,7 +290,7 @@ class HttpBackend(RetryingBackend):
         resp.finish(total <= limit)
         return data
 
-    def _page(self, resp: _Response, what: str) -> bytes:
+    def _page(self, resp: Response, what: str) -> bytes:
         """A listing page's body, refused past :data:`MAX_PAGE_BYTES`."""
         data = self._read_all(resp, MAX_PAGE_BYTES)
         if len(data) > MAX_PAGE_BYTES:
@@ -339,6 +346,63 @@ class HttpBackend(RetryingBackend):
                 return b""
             return self._read_all(resp, n)[:n]
         return self._call(f"reading {name}", fetch)
+
+    # -- listing -------------------------------------------------------------------------------
+    def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
+        """One page of the keys that start with ``base``: (key, info) pairs, and the next
+        page's token (None at the end). FileNotFoundError if there is no bucket."""
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        """Every object under ``prefix`` (recursive, page by page): its name relative to the
+        store's URL -> its info; empty if there is none (or no bucket)."""
+        base = self._key(prefix)
+        if base:
+            base += "/"
+        root = f"{self.prefix}/" if self.prefix else ""
+        what = f"listing {prefix or '/'}"
+
+        def page(token: str | None) -> tuple[dict[str, ObjectInfo], str | None]:
+            found, token = self._list_page(base, token, what)
+            return {key[len(root):]: info for key, info in found
+                    if key.startswith(root) and not key.endswith("/")}, token
+
+        def find() -> dict[str, ObjectInfo]:
+            try:
+                return paginate(page, what, MAX_LIST_PAGES, MAX_LIST_OBJECTS)
+            except FileNotFoundError:  # no bucket
+                return {}
+        return self._call(what, find)
+
+    # -- writes, the same for the clients that implement _upload ------------------------------
+    def _upload(self, name: str, body: bytes | IO[bytes], length: int, create: bool = False) -> bool:
+        """One upload of ``name``; False when ``create`` and the object is there (another
+        node wrote it)."""
+        raise NotImplementedError
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole (an object store makes a put atomic: readers see old or new)."""
+        data = bytes(data)
+        self._call(f"writing {name}", lambda: self._upload(name, data, len(data)))
+
+    def put_file(self, name: str, path: str) -> None:
+        """Upload the local file ``path`` as ``name`` (streamed from disk)."""
+        def upload() -> None:
+            with open(path, "rb") as fh:
+                self._upload(name, fh, os.fstat(fh.fileno()).st_size)
+        self._call(f"uploading {name}", upload)
+
+    def delete(self, names: Iterable[str]) -> None:
+        """Remove objects (a missing one is not an error)."""
+        names = list(names)
+        if not names:
+            return
+
+        def remove() -> None:
+            for name in names:
+                resp = self._object("DELETE", name, "deleting", ok=(200, 202, 204, 404))
+                self._read_all(resp, ERROR_BODY)
+        self._call(f"deleting {len(names)} object(s)", remove)
 
     def _exists(self, name: str) -> bool:
         try:

@@ -30,21 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import IO
 
 from .base import ObjectInfo, RemoteError, redact
 from .rest import (
     ERROR_BODY,
-    MAX_LIST_OBJECTS,
-    MAX_LIST_PAGES,
     HttpBackend,
     HttpError,
-    _Response,
+    Response,
     clean_code,
     iso_mtime,
-    paginate,
 )
 from .s3_auth import EMPTY_SHA256, S3Settings, sign
 
@@ -79,26 +75,20 @@ class S3Backend(HttpBackend):
 
     def __init__(self, url: str, settings: S3Settings) -> None:
         super().__init__(url)
-        rest = self.url.split("://", 1)[1]
-        self.bucket, _, prefix = rest.partition("/")
-        self.prefix = prefix.strip("/")
         self._s = settings
         self.client = f"small S3 client (stdlib; credentials: {settings.credentials.source})"
 
     # -- requests ----------------------------------------------------------------------------
-    def _key(self, name: str) -> str:
-        return "/".join(p for p in (self.prefix, name) if p)
-
     def _where(self) -> tuple[str, str, str | None]:
         return self._s.scheme, self._s.host, self._s.ca_bundle
 
     def _object(self, method: str, name: str, what: str, *, headers: dict[str, str] | None = None,
-                ok: tuple[int, ...] = (200,)) -> _Response:
+                ok: tuple[int, ...] = (200,)) -> Response:
         return self._request(method, self._key(name), what, headers=headers, ok=ok)
 
     def _request(self, method: str, key: str, what: str, *, query: dict[str, str] | None = None,
                  headers: dict[str, str] | None = None, body: bytes | IO[bytes] | None = None,
-                 length: int = 0, sha256: str = EMPTY_SHA256, ok: tuple[int, ...] = (200,)) -> _Response:
+                 length: int = 0, sha256: str = EMPTY_SHA256, ok: tuple[int, ...] = (200,)) -> Response:
         """Send one signed request; returns the response (its body unread) if its status is in
         ``ok``; raises FileNotFoundError on 404 (unless ``ok`` has it), :class:`S3Error` else.
         A redirect to the bucket's region is followed once (see the module docstring)."""
@@ -139,7 +129,7 @@ class S3Backend(HttpBackend):
 
     def _send(self, method: str, key: str, what: str, query: dict[str, str] | None,
               headers: dict[str, str] | None, body: bytes | IO[bytes] | None, length: int,
-              sha256: str, ok: tuple[int, ...]) -> _Response:
+              sha256: str, ok: tuple[int, ...]) -> Response:
         query = query or {}
         path = f"/{self.bucket}/{key}" if self._s.path_style else f"/{key}"
         signed = {"host": self._s.host, **(headers or {})}
@@ -170,40 +160,20 @@ class S3Backend(HttpBackend):
         raise S3Error(out.status, code, what)
 
     # -- the interface -------------------------------------------------------------------------
-    def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        """Every object under ``prefix`` (recursive; ListObjectsV2, page by page): its name
-        relative to the store's URL -> its info; empty if there is none (or no bucket)."""
-        base = self._key(prefix)
-        if base:
-            base += "/"
-        root = f"{self.prefix}/" if self.prefix else ""
+    def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
+        """One ListObjectsV2 page (``continuation-token``: the token)."""
+        import xml.etree.ElementTree as ET
 
-        what = f"listing {prefix or '/'}"
-
-        def page(token: str | None) -> tuple[dict[str, ObjectInfo], str | None]:
-            import xml.etree.ElementTree as ET
-
-            query = {"list-type": "2", "prefix": base, "max-keys": str(self.page_size)}
-            if token:
-                query["continuation-token"] = token
-            tree = ET.fromstring(self._page(self._request("GET", "", what, query=query), what))
-            ns = tree.tag[: tree.tag.index("}") + 1] if tree.tag.startswith("{") else ""
-            out: dict[str, ObjectInfo] = {}
-            for item in tree.iter(f"{ns}Contents"):
-                key = item.findtext(f"{ns}Key") or ""
-                if not key.startswith(root) or key.endswith("/"):
-                    continue
-                out[key[len(root):]] = ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
-                                                  iso_mtime(item.findtext(f"{ns}LastModified")))
-            token = tree.findtext(f"{ns}NextContinuationToken")
-            return out, (token if (tree.findtext(f"{ns}IsTruncated") or "").lower() == "true" else None)
-
-        def find() -> dict[str, ObjectInfo]:
-            try:
-                return paginate(page, what, MAX_LIST_PAGES, MAX_LIST_OBJECTS)
-            except FileNotFoundError:  # no bucket
-                return {}
-        return self._call(what, find)
+        query = {"list-type": "2", "prefix": base, "max-keys": str(self.page_size)}
+        if token:
+            query["continuation-token"] = token
+        tree = ET.fromstring(self._page(self._request("GET", "", what, query=query), what))
+        ns = tree.tag[: tree.tag.index("}") + 1] if tree.tag.startswith("{") else ""
+        found = [(item.findtext(f"{ns}Key") or "", ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
+                                                              iso_mtime(item.findtext(f"{ns}LastModified"))))
+                 for item in tree.iter(f"{ns}Contents")]
+        token = tree.findtext(f"{ns}NextContinuationToken")
+        return found, (token if (tree.findtext(f"{ns}IsTruncated") or "").lower() == "true" else None)
 
     #: Keys per ListObjectsV2 page (S3's most).
     page_size = 1000
@@ -256,18 +226,6 @@ class S3Backend(HttpBackend):
                 return False
             return self._put(name, data, len(data), digest)
         return self._call(f"writing {name}", conditional)
-
-    def delete(self, names: Iterable[str]) -> None:
-        """Remove objects (a missing one is not an error)."""
-        keys = [self._key(n) for n in names]
-        if not keys:
-            return
-
-        def remove() -> None:
-            for key in keys:
-                resp = self._request("DELETE", key, "deleting", ok=(200, 204, 404))
-                self._read_all(resp, ERROR_BODY)
-        self._call(f"deleting {len(keys)} object(s)", remove)
 
 
 class _RegionRedirect(Exception):
