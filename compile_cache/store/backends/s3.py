@@ -23,7 +23,8 @@ object. A bucket in another region than the one configured answers with a redire
 region (``x-amz-bucket-region``, or ``<Region>`` in the body): the request is signed for that
 region and sent once more (to that region's AWS host), and the client keeps it; a second
 redirect is an error that names the bucket's region. One connection per thread, kept alive,
-dropped after any error.
+dropped after any error: the transport, listing and reads are :mod:`.rest`'s, shared with the
+GCS and Azure clients.
 """
 
 from __future__ import annotations
