@@ -127,6 +127,20 @@ class RetryingBackend:
         raise RemoteError(f"{redact(self.url)}: {what} failed after {self.attempts} tries: "
                           f"{type(last).__name__}: {one_line(last)}") from None
 
+    def _bounded_get(self, name: str, limit: int, fetch: Callable[[], bytes]) -> bytes | None:
+        """``fetch()`` (the object ``name``, at most ``limit`` + 1 bytes of it) with retries:
+        None if it does not exist, :class:`RemoteError` if it is over ``limit`` (every
+        backend's ``get``, one rule)."""
+        try:
+            data: bytes | None = self._call(f"reading {name}", fetch)
+        except FileNotFoundError:
+            return None
+        except TooLargeError:
+            data = None
+        if data is None or len(data) > limit:
+            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes")
+        return bytes(data)
+
 
 class TooLargeError(Exception):
     """An object over the pack size limit: refused before (or while) it is read."""

@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import IO
 
-from .base import ObjectInfo, RemoteError, RetryingBackend, TooLargeError, copy_bounded, redact
+from .base import (
+    ObjectInfo,
+    RetryingBackend,
+    TooLargeError,
+    copy_bounded,
+)
 
 __all__ = ["HttpBackend", "HttpError", "Response", "clean_code", "iso_mtime", "paginate"]
 
@@ -306,15 +311,7 @@ class HttpBackend(RetryingBackend):
                 resp.finish(False)
                 raise TooLargeError(resp.length)
             return self._read_all(resp, limit)
-        try:
-            data = self._call(f"reading {name}", fetch)
-        except FileNotFoundError:
-            return None
-        except TooLargeError:
-            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes") from None
-        if len(data) > limit:
-            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes")
-        return data
+        return self._bounded_get(name, limit, fetch)
 
     def download(self, name: str, out: IO[bytes], limit: int) -> int:
         """Stream ``name`` into ``out`` in chunks, refusing more than ``limit`` bytes; returns
