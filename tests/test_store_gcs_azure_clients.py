@@ -40,6 +40,7 @@ class _Fake(http.server.BaseHTTPRequestHandler):
     conflict_only = False
     seen: list[tuple[str, str, dict[str, str]]] = []
     tokens = 0
+    unauthorized = 0
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -51,6 +52,9 @@ class _Fake(http.server.BaseHTTPRequestHandler):
             return self._send(200, json.dumps({"access_token": TOKEN, "expires_in": 3600}).encode())
         conditional = "ifGenerationMatch" in query or self.headers.get("If-None-Match") == "*"
         status = cls.status
+        if cls.unauthorized:  # the next few requests: the token has expired early
+            cls.unauthorized -= 1
+            return self._send(401, b'{"error": {"code": 401, "errors": [{"reason": "authError"}]}}')
         if cls.conflict_only and not conditional:
             status = 404 if self.command in ("GET", "HEAD") else 201 if self.path.count("/") > 1 else 200
         if self.path.startswith("/upload/") and status == 201:
@@ -185,6 +189,10 @@ def test_the_metadata_server_token_is_asked_once_and_sent(
     assert [h["authorization"] for m, p, h in handler.seen if "/storage/v1/" in p] == [f"Bearer {TOKEN}"] * 2
     assert handler.seen[0][2]["metadata-flavor"] == "Google"
     _secrets_absent(repr(backend), backend.client)
+    # A 401 (the token revoked or expired early): a new token, and the request once more.
+    handler.unauthorized = 1
+    assert backend.get("c", 10) is None
+    assert handler.tokens == 2 and [m for m, p, h in handler.seen[-3:]] == ["GET"] * 3
 
 
 @pytest.mark.parametrize(("env", "why"), [
