@@ -47,7 +47,8 @@ from typing import Any
 
 from . import available, capability, mark_missing
 
-__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "installed", "lighten", "uninstall"]
+__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "UnknownSource", "installed", "lighten", "recompile",
+           "uninstall"]
 
 CAPABILITY = "inductor.light_restored_code"
 
@@ -138,7 +139,7 @@ def _probe() -> str | None:
     try:
         _post_compile_code()
         _call_code()
-    except _Unsupported as exc:
+    except UnknownSource as exc:
         return str(exc)
     sources: dict[tuple[str, ...], str] = {}
     for name, (_, registration, where) in _KNOWN.items():
@@ -148,8 +149,8 @@ def _probe() -> str | None:
     return None
 
 
-class _Unsupported(Exception):
-    """torch's function is not the one this module knows how to recompile."""
+class UnknownSource(Exception):
+    """torch's function is not the one the recompiling code knows (its source changed)."""
 
 
 def _post_compile_code() -> Any:
@@ -158,8 +159,8 @@ def _post_compile_code() -> Any:
     from torch._inductor import codecache
 
     if "sys" not in vars(codecache) or vars(codecache)["sys"] is not sys:
-        raise _Unsupported("torch._inductor.codecache does not import sys")
-    return _recompile(_post_compile_function(), codecache, _POST_COMPILE, "@staticmethod\n")
+        raise UnknownSource("torch._inductor.codecache does not import sys")
+    return recompile(_post_compile_function(), codecache, _POST_COMPILE, "@staticmethod\n")
 
 
 def _call_code() -> Any:
@@ -168,11 +169,11 @@ def _call_code() -> Any:
     from torch._inductor import output_code
 
     if vars(output_code).get("torch") is not sys.modules["torch"]:
-        raise _Unsupported("torch._inductor.output_code does not import torch")
-    return _recompile(_call_function(), output_code, _CALL, "def __call__(")
+        raise UnknownSource("torch._inductor.output_code does not import torch")
+    return recompile(_call_function(), output_code, _CALL, "def __call__(")
 
 
-def _recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], ...], start: str) -> Any:
+def recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], ...], start: str) -> Any:
     """The code of torch's ``function`` (defined in ``module``) compiled from its source with
     each of ``lines`` (old, new) exchanged once, in the module's namespace, with the same file
     name and line numbers."""
@@ -183,16 +184,16 @@ def _recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], 
 
     name = function.__qualname__
     if function.__code__.co_freevars or function.__closure__:
-        raise _Unsupported(f"{name} is a closure")
+        raise UnknownSource(f"{name} is a closure")
     source_lines, first = inspect.getsourcelines(function)
     source = "".join(source_lines)
     for old, new in lines:
         if source.count(old) != 1:
-            raise _Unsupported(f"{name} has no line {old.strip()!r}")
+            raise UnknownSource(f"{name} has no line {old.strip()!r}")
         source = source.replace(old, new)
     source = textwrap.dedent(source)
     if not source.startswith(start):
-        raise _Unsupported(f"{name} does not start with {start.strip()!r}")
+        raise UnknownSource(f"{name} does not start with {start.strip()!r}")
     flags = 0
     if getattr(module, "annotations", None) is __future__.annotations:
         flags |= __future__.annotations.compiler_flag
@@ -204,7 +205,7 @@ def _recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], 
     new_function = getattr(new_function, "__func__", new_function)
     new_code = getattr(new_function, "__code__", None)
     if new_code is None or new_code.co_freevars or new_code.co_firstlineno != function.__code__.co_firstlineno:
-        raise _Unsupported(f"{name} did not recompile as itself")
+        raise UnknownSource(f"{name} did not recompile as itself")
     return new_code
 
 
@@ -216,7 +217,7 @@ def _call_function() -> Any:
     while getattr(function, "__wrapped__", None) is not None:
         function = function.__wrapped__
     if getattr(function, "__module__", None) != output_code.__name__:
-        raise _Unsupported("CompiledFxGraph.__call__ is not torch's function")
+        raise UnknownSource("CompiledFxGraph.__call__ is not torch's function")
     return function
 
 
@@ -230,7 +231,7 @@ def _post_compile_function() -> Any:
     while getattr(function, "__wrapped__", None) is not None:
         function = function.__wrapped__
     if getattr(function, "__module__", None) != codecache.__name__:
-        raise _Unsupported("FxGraphCache.cache_hit_post_compile is not torch's function")
+        raise UnknownSource("FxGraphCache.cache_hit_post_compile is not torch's function")
     return function
 
 
