@@ -4,8 +4,8 @@ Every Python module Inductor writes for a compiled graph (its ``call``) starts w
 imports (torch 2.13, ``codegen/wrapper.py``). Two of them import, on a start that restores its
 code and compiles nothing, modules only a compile needs (imported after the rest of what a
 restore needs: ~490 modules, 3-3.5 s on a loaded 2-core machine; 97 of them are not imported
-otherwise, the rest come with ``torch._inductor.debug``, which a compiled graph's call reads;
-benchmarks/RESULTS.md):
+otherwise, most of the rest come with ``torch._inductor.debug`` and torch.compile's minifier
+wrapper, see below and torch_compat.inductor_backend; benchmarks/RESULTS.md):
 
 * ``from torch._inductor.codegen.memory_planning import _align as align``: memory_planning
   imports the code generator (``codegen.wrapper``, the scheduler, autotuning, AOTAutograd's
@@ -32,6 +32,13 @@ that imported ``graph``: :func:`install` recompiles torch's function from torch'
 that import reading ``torch._inductor.graph`` from ``sys.modules`` (None when not imported, and
 then nothing is called) and puts the code into torch's own function object (its wrappers keep
 calling it), the same lines at the same line numbers.
+
+A fourth comes with every call: ``CompiledFxGraph.__call__`` reads
+``torch._inductor.debug.RECORD_GRAPH_EXECUTION`` as an attribute, which needs that module
+imported (it imports the scheduler, the IR, after_aot and AOTAutograd's compile stack). Its flag
+is False until a function of that module sets it, so :func:`install` recompiles the call the same
+way with that first read as ``getattr(getattr(torch._inductor, "debug", None), ...,
+False)``: the same value whenever the module is imported, and no import needed when it is not.
 
 Capability ``inductor.light_restored_code``: without it restored code imports the code
 generator, as torch does.
