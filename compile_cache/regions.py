@@ -58,6 +58,7 @@ from . import _warnings
 from .keys import region_devices
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
+    CACHE_SUFFIX,
     VIEWS_SUFFIX,
     BoundCall,
     CacheRoutedCall,
@@ -631,6 +632,8 @@ def install(
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
             state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
+        if isinstance(compiled, CacheRoutedCall) and isinstance(compiled.plain, BoundCall):
+            functions[code_name + CACHE_SUFFIX] = compiled.plain.pf
         runner = _RegionRunner(compiled, state, key, mod)
         runner.copy_out = copy_out
         module_calls.set_compiled_call(mod, runner)
