@@ -112,8 +112,9 @@ def _known_digest(member: str, path: str, known: Known) -> str | None:
 #: under the group's code name with this suffix; its unit keeps the group's scope, so a restore
 #: of the group's units brings it.
 VIEWS_SUFFIX = "__views"
-#: A group's third entry, its calls that update a KV cache eagerly between two graphs (prefill),
-#: likewise under the group's scope.
+#: A group's third entry, its calls that pass a KV cache when Dynamo traces the cache update
+#: into the graph (no eager update between two graphs: a block compiled on its own), likewise
+#: under the group's scope.
 CACHE_SUFFIX = "__cache"
 
 

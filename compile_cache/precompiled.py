@@ -138,8 +138,8 @@ class CacheRoutedCall:
     function (``views``), another call that passes a cache ``plain``: the group's plain compile
     (every default guard; the eager cache update between two graphs) or, for blocks called
     without the eager update, the group's precompiled cache-calls function (a
-    :class:`BoundCall`); a call without one the group's precompiled function. The three never share compiled code, so a call can never pick a graph
-    traced for another kind of call."""
+    :class:`BoundCall`); a call without one the group's precompiled function. The three never
+    share compiled code, so a call can never pick a graph traced for another kind of call."""
 
     __slots__ = ("precompiled", "plain", "probe", "views", "on_cache")
 
