@@ -248,7 +248,8 @@ class GroupPrecompiler:
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
                 # a part outside the regions (a whole model: compile_cache.compile) is not
-                # pinned: its graph breaks would put a decline after frames ran
+                # pinned on the block, and a call whose own frame graph-breaks declines before
+                # it runs: its graph breaks would put a decline after frames ran
                 pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
                     fn, compile_kwargs, declined=declined, record=_record_of(record), block=module,
                     pin_block=not is_part_code(code_name))
