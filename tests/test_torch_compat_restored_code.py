@@ -14,6 +14,7 @@ that restores everything and imports none of those modules is in tests/test_prec
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,19 @@ HEADER = [
     "def call(a, b, c):",
     "    return extern_kernels.addmm(c, a, b), align(3)",
 ]
+
+
+@pytest.fixture
+def torchs_own_code() -> Iterator[None]:
+    """torch's own functions for the test, whatever an earlier test of the process installed
+    (install swaps their ``__code__`` in place); put back as it was after."""
+    was = restored_code.installed()
+    restored_code.uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            restored_code.install()
 
 
 def test_the_stand_in_holds_torchs_own_kernels() -> None:
@@ -93,7 +107,7 @@ def test_torch_header_still_has_the_lines() -> None:
     assert all(line in text for line in restored_code._LINES)
 
 
-def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook() -> None:
+def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook(torchs_own_code: None) -> None:
     from torch._inductor import codecache
     from torch._inductor.graph import GraphLowering
 
@@ -129,7 +143,7 @@ def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook() -> None:
 
 
 def test_the_call_keeps_its_lines_records_as_torch_and_needs_no_debug_module(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, torchs_own_code: None
 ) -> None:
     import torch._inductor
     import torch._inductor.debug as debug
