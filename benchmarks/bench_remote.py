@@ -11,8 +11,10 @@ new, empty local tier for the S3 store), side by side in one run:
   s3 node      COMPILE_CACHE_DIR=s3://bench/cache (packs zstd-compressed, the default; the local
                tier starts empty: every pack is downloaded)
   s3 raw node  COMPILE_CACHE_DIR=s3://bench/raw   (the same packs uncompressed, as before issue 39)
-  gcs node     COMPILE_CACHE_DIR=gs://bench/cache (gcsfs, on gcp-storage-emulator; compressed)
-  azure node   COMPILE_CACHE_DIR=az://bench/cache (adlfs, on Azurite's blob service; compressed)
+  gcs node     COMPILE_CACHE_DIR=gs://bench/cache (the small GCS client, on gcp-storage-emulator;
+               compressed)
+  azure node   COMPILE_CACHE_DIR=az://bench/cache (the small Azure Blob client, on Azurite's blob
+               service; compressed)
 
 The two emulators are the tests' (tests/_object_emulators.py: gcp-storage-emulator from the test
 extra, Azurite from ``make install``); ``--no-emulators`` leaves them out.
@@ -22,7 +24,8 @@ the FX-graph misses (0 on a real hit), the bytes each start moved (S3: downloade
 from the local tier's counters; directory: the pack bytes restored) and the ratio s3 / dir.
 Each store's ratio to the directory store is given as the ratio of medians and as the median of
 the paired ratios (node i of a store / dir node i, run back to back: steadier on a loaded machine).
-It also times, in a fresh process, importing each client and making it (``client_import``).
+It also times, in a fresh process, importing each client and making it (``client_import``):
+the small clients, and gcsfs and adlfs (``COMPILE_CACHE_REMOTE_CLIENT=fsspec``) for comparison.
 Goals (issue 39): object storage / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
 
     python benchmarks/bench_remote.py                         # GPT-2 4x256
@@ -205,22 +208,24 @@ backend.list("v1/stats")
 t3 = time.perf_counter()
 import sys
 print(json.dumps({"client": backend.client, "import_s": t1 - t0, "make_s": t2 - t1,
-                  "first_request_s": t3 - t2, "s3fs_imported": "s3fs" in sys.modules}))
+                  "first_request_s": t3 - t2, "s3fs_imported": "s3fs" in sys.modules,
+                  "fsspec_imported": "fsspec" in sys.modules}))
 """
 
 
-def _client_import(server: _Moto, repeats: int, url: str = URL) -> dict:
+def _client_import(server: _Moto, repeats: int, url: str = URL, **extra: str) -> dict:
     """Importing and making ``url``'s client in a fresh process (``open_backend``: the client's
-    package and what it imports), then its first request (median)."""
+    package and what it imports), then its first request (median); ``extra``: more settings."""
     samples = []
     for _i in range(max(1, repeats)):
         with tempfile.TemporaryDirectory(prefix="bench_remote_import_") as base:
-            env = _node_env(base, server, url)
+            env = {**_node_env(base, server, url), **extra}
             done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, url], env=env, capture_output=True,
                                   text=True, timeout=300, check=True)
             samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = {k: statistics.median(s[k] for s in samples) for k in ("import_s", "make_s", "first_request_s")}
-    out.update(client=samples[0]["client"], s3fs_imported=any(s["s3fs_imported"] for s in samples))
+    out.update(client=samples[0]["client"], s3fs_imported=any(s["s3fs_imported"] for s in samples),
+               fsspec_imported=any(s["fsspec_imported"] for s in samples))
     return out
 
 
@@ -330,6 +335,10 @@ def run(args: argparse.Namespace) -> list[dict]:
             if emulators:
                 probes["gcs"] = _client_import(server, args.repeats, GCS_URL)
                 probes["azure"] = _client_import(server, args.repeats, AZ_URL)
+                probes["gcs_gcsfs"] = _client_import(server, args.repeats, GCS_URL,
+                                                     COMPILE_CACHE_REMOTE_CLIENT="fsspec")
+                probes["azure_adlfs"] = _client_import(server, args.repeats, AZ_URL,
+                                                       COMPILE_CACHE_REMOTE_CLIENT="fsspec")
             rows.append({"client_import": probes})
         finally:
             server.stop()

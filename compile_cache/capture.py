@@ -116,12 +116,18 @@ def _known_digest(member: str, path: str, known: Known) -> str | None:
 #: under the group's code name with this suffix; its unit keeps the group's scope, so a restore
 #: of the group's units brings it.
 VIEWS_SUFFIX = "__views"
+#: A group's third entry, its calls that pass a KV cache when Dynamo traces the cache update
+#: into the graph (no eager update between two graphs: a block compiled on its own), likewise
+#: under the group's scope.
+CACHE_SUFFIX = "__cache"
 
 
 def precompile_unit(group: str) -> tuple[str, str]:
     """(scope, slot) of the unit that holds ``group``'s saved Dynamo precompile entry."""
     if group.endswith(VIEWS_SUFFIX):
         return group[: -len(VIEWS_SUFFIX)], "dynamo-precompile-views#0"
+    if group.endswith(CACHE_SUFFIX):
+        return group[: -len(CACHE_SUFFIX)], "dynamo-precompile-cache#0"
     return group, "dynamo-precompile#0"
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "READ_ONLY",
     "REMOTE_RETRIES",
     "REMOTE_TIMEOUT",
+    "REMOTE_CLIENT",
     "S3_CLIENT",
     "SHARED",
     "SIGNING_KEY",
@@ -349,6 +350,12 @@ RUN_DIR = _register(Variable(
     "COMPILE_CACHE_RUN_DIR", "path", None,
     "the store of the process store named by COMPILE_CACHE_RUN_NAME (run --cache-dir); unset, "
     "the store COMPILE_CACHE_DIR names", "a directory path or URL", _text,
+))
+REMOTE_CLIENT = _register(Variable(
+    "COMPILE_CACHE_REMOTE_CLIENT", "choice", "auto",
+    "client for object storage: auto (the small built-in clients for s3://, gs:// and az:// "
+    "where they can serve the store, else fsspec) or fsspec (always s3fs, gcsfs or adlfs)",
+    "'auto' or 'fsspec'", _choice(("auto", "fsspec")),
 ))
 S3_CLIENT = _register(Variable(
     "COMPILE_CACHE_S3_CLIENT", "choice", "auto",

@@ -17,6 +17,12 @@ group's decode steps through the layer view (one graph, no break) precompile as 
 function (entry ``<code name>__views``), and its calls without a cache as the first. Each
 such group is warned about (:class:`RegionPrecompileWarning`) and reported to the session, which
 counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
+
+Blocks that take a KV cache but are called without the eager update (a block compiled on its
+own, a group of one, ``fullgraph=True``: Dynamo traces the update into the graph, no graph
+break) precompile their calls that pass a cache as a third function (entry
+``<code name>__cache``), proven like the others: their guards on the cache are on the call's
+arguments, saved with the entry; values read through a module are checked at load.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 from torch import nn
 
 from . import _warnings
-from .capture import VIEWS_SUFFIX
+from .capture import CACHE_SUFFIX, VIEWS_SUFFIX
 from .fingerprint import class_lineage
 from .keys import canonical_compile_kwargs, region_devices
 from .plan import is_part_code
@@ -45,6 +51,7 @@ from .torch_compat.kv.calls import is_view
 logger = logging.getLogger("compile_cache")
 
 __all__ = [
+    "CACHE_SUFFIX",
     "KV_CACHE_DECLINE",
     "VIEWS_SUFFIX",
     "BoundCall",
@@ -69,9 +76,10 @@ class RegionPrecompileWarning(RuntimeWarning):
 KV_CACHE_DECLINE = (
     "its blocks take a KV cache: calls that update it eagerly between two graphs (prefill, and "
     "every call the layer view does not serve; compile_cache.torch_compat.kv.cache) compile "
-    "without precompile, since precompiled code with that graph break is not proven yet; decode "
-    "steps through the layer view and calls without a cache (training, scoring, "
-    "use_cache=False) precompile"
+    "without precompile, since the frame after that graph break is entered with the resume "
+    "functions of the frames around it (__nested_resume_fns), whose identity its graph relies "
+    "on and no saved guard can check; decode steps through the layer view and calls without a "
+    "cache (training, scoring, use_cache=False) precompile"
 )
 
 
@@ -127,10 +135,11 @@ class BoundCall:
 class CacheRoutedCall:
     """A member of a group whose blocks take a KV cache. A decode step through the layer view
     (:func:`compile_cache.torch_compat.kv.calls.is_view`) runs the group's precompiled decode
-    function (``views``), another call that passes a cache the group's plain compile (every
-    default guard; the eager cache update between two graphs), a call without one the group's
-    precompiled function. The three never share compiled code, so a call can never pick a graph
-    traced for another kind of call."""
+    function (``views``), another call that passes a cache ``plain``: the group's plain compile
+    (every default guard; the eager cache update between two graphs) or, for blocks called
+    without the eager update, the group's precompiled cache-calls function (a
+    :class:`BoundCall`); a call without one the group's precompiled function. The three never
+    share compiled code, so a call can never pick a graph traced for another kind of call."""
 
     __slots__ = ("precompiled", "plain", "probe", "views", "on_cache")
 
@@ -239,7 +248,8 @@ class GroupPrecompiler:
                     declined = f"{record['declined']} (found by an earlier start, recorded in the store)"
                 fn = pc.region_function(self.template, name)
                 # a part outside the regions (a whole model: compile_cache.compile) is not
-                # pinned: its graph breaks would put a decline after frames ran
+                # pinned on the block, and a call whose own frame graph-breaks declines before
+                # it runs: its graph breaks would put a decline after frames ran
                 pf = _FUNCTIONS[name] = pc.PrecompiledFunction(
                     fn, compile_kwargs, declined=declined, record=_record_of(record), block=module,
                     pin_block=not is_part_code(code_name))
@@ -251,8 +261,8 @@ class GroupPrecompiler:
         status, detail = pf.status, pf.declined or _unproven_detail(pf)
         if pf.load_error and status != "failed":
             self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
-        if not (status == "unused" and code_name.endswith(VIEWS_SUFFIX)):
-            # a decode-steps function is in the report once it is used (or loaded)
+        if not (status == "unused" and code_name.endswith((VIEWS_SUFFIX, CACHE_SUFFIX))):
+            # a decode-steps or cache-calls function is in the report once used (or loaded)
             self._event(PrecompileEvent(code_name, label, name, status, detail,
                                         unproven=len(pf.dropped_graphs)))
         # Declined for CUDA graphs: warned even when precompile is only the default, since the
@@ -310,7 +320,9 @@ class GroupPrecompiler:
         steps go through the layer view (``cache_calls``: the group's kv_calls.CacheCalls, with
         ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
         alone when the group declined precompile up front (as blocks with a cache compiled
-        before; a :class:`CacheNotedCall` around it, for the report). The calls that update the cache eagerly decline precompile (reported)."""
+        before; a :class:`CacheNotedCall` around it, for the report). The calls that update the
+        cache eagerly decline precompile (reported); without the eager update (``cache_calls``
+        None) the calls that pass a cache precompile as the group's ``__cache`` function."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs, module), module)
         if probe is None:
             return bound, None
@@ -324,6 +336,12 @@ class GroupPrecompiler:
                                module)
             decode = BoundCall(pf, module)
             cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
+        if cache_calls is None:
+            # No eager update between two graphs (one block: Dynamo traces the cache update
+            # into the graph): its cache calls precompile as a third function.
+            pf = self.function(code_name + CACHE_SUFFIX, f"{label} (KV-cache calls)",
+                               compile_kwargs, module)
+            return CacheRoutedCall(bound, BoundCall(pf, module), probe, decode, None), region
         return CacheRoutedCall(bound, compiled, probe, decode, on_cache), region
 
     def _event(self, event: PrecompileEvent) -> None:

@@ -26,7 +26,7 @@ __all__ = ["SECRET_VARIABLES", "RedactingFilter", "check_credential", "one_line"
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                     "AWS_ACCESS_KEY_ID", "COMPILE_CACHE_SIGNING_KEY",
                     "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY",
-                    "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
+                    "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET", "GOOGLE_OAUTH_ACCESS_TOKEN")
 #: ``scheme://<userinfo>@``: the userinfo runs to the last ``@`` of the URL (greedy), so a
 #: password holding ``/`` or ``@`` goes whole.
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s\"'<>]*@")

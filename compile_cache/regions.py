@@ -58,6 +58,7 @@ from . import _warnings
 from .keys import region_devices
 from .plan import RegionPlan, abbreviate, check_module, varying_attributes
 from .precompiled import (
+    CACHE_SUFFIX,
     VIEWS_SUFFIX,
     BoundCall,
     CacheRoutedCall,
@@ -629,8 +630,8 @@ def install(
         if isinstance(compiled, (BoundCall, CacheRoutedCall)):
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
-        if isinstance(compiled, CacheRoutedCall) and compiled.views is not None:
-            state.decode_pf = functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
+        if isinstance(compiled, CacheRoutedCall):
+            state.decode_pf = _routed_functions(compiled, code_name, functions)
         runner = _RegionRunner(compiled, state, key, mod)
         runner.copy_out = copy_out
         module_calls.set_compiled_call(mod, runner)
@@ -644,6 +645,18 @@ def install(
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
+
+
+def _routed_functions(compiled: CacheRoutedCall, code_name: str,
+                      functions: dict[str, pc.PrecompiledFunction]) -> pc.PrecompiledFunction | None:
+    """Files a KV-cache group's other precompiled functions under their entry names: its decode
+    steps' (returned: the layer view's) and, without the eager update, its cache calls'."""
+    if isinstance(compiled.plain, BoundCall):
+        functions[code_name + CACHE_SUFFIX] = compiled.plain.pf
+    if compiled.views is None:
+        return None
+    functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
+    return compiled.views.pf
 
 
 def _copies_outputs(model: nn.Module, kwargs: dict[str, Any]) -> bool:

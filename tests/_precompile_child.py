@@ -34,13 +34,20 @@ ENV_BEFORE = environment_digest()
 #: Modules only a real compile needs: a start that restores every group imports none of them
 #: (compile_cache.torch_compat.inductor_backend: compile_fx and its passes;
 #: compile_cache.torch_compat.restored_code: the code generator, lowering and the kernel
-#: modules; tests/test_precompile.py).
+#: modules, and torch._inductor.debug with the scheduler and IR it imports; inductor_backend:
+#: torch.compile's minifier wrapper, after_dynamo, with AOTAutograd's partitioners and networkx;
+#: tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
                 "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
                 "torch._inductor.graph", "torch._inductor.lowering",
                 "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
-                "torch._inductor.codegen.wrapper", "torch._inductor.kernel.mm")
+                "torch._inductor.codegen.wrapper", "torch._inductor.kernel.mm",
+                "torch._inductor.debug", "torch._inductor.scheduler", "torch._inductor.ir",
+                "torch._inductor.dependencies", "torch._inductor.comms", "torch._inductor.memory",
+                "torch._inductor.loop_body", "torch._dynamo.repro.after_aot",
+                "torch._dynamo.repro.after_dynamo", "torch._dynamo.testing",
+                "torch._functorch.aot_autograd", "torch._functorch.partitioners", "networkx")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 

@@ -434,10 +434,69 @@ def case_stored_same() -> None:
     run("stored_same", STORED.format(extra="", act="F.gelu"))
 
 
+# ------------------------------- KV-cache calls traced into the graph (issue 35): values proven
+
+
+KV_CACHE = """
+from transformers import DynamicCache, PretrainedConfig
+
+def new_cache():  # as generate() makes one: a layer per block, from the model's config
+    return DynamicCache(config=PretrainedConfig(num_hidden_layers=1))
+
+MODE = "{mode}"
+
+class Block(nn.Module):
+    def __init__(self, layer_idx):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.layer_idx = layer_idx
+
+    def forward(self, x, past_key_values=None):
+        k = self.lin(x)
+        if past_key_values is not None:
+            k, _ = past_key_values.update(k, k, self.layer_idx)
+        y = x + k.mean(-2, keepdim=True)
+        return torch.tanh(y) if MODE == "tanh" else torch.sigmoid(y) * 3
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(0)])
+
+    def forward(self, x, cache):
+        for block in self.blocks:
+            x = block(x, past_key_values=cache)
+        return x
+"""
+
+
+def case_kv_cache_global() -> None:
+    """A part called with a KV cache (one block: no eager update between two graphs, Dynamo traces
+    the update into the graph, as for T5's decoder self-attention) that reads a module-level
+    setting set at run time on the fresh node: its cache calls precompile (entry ``__cache``),
+    and the fresh node must not install the publisher's graphs. A prefill of 3 tokens, then a
+    decode step of 1."""
+    with Case("kv_cache_global") as c:
+        mod = module("kv_cache_global", KV_CACHE.format(mode="tanh"))
+        if LOAD:
+            mod.MODE = "sigmoid"
+        torch.manual_seed(0)
+        model = mod.Model()
+        ref = copy.deepcopy(model)
+        c.compile(model)
+        x = torch.randn(1, 1, 4, D, generator=torch.Generator().manual_seed(3))
+        got_cache, want_cache = mod.new_cache(), mod.new_cache()
+        with torch.no_grad():
+            c.check("prefill", model(x[:, :, :3], got_cache), ref(x[:, :, :3], want_cache))
+            c.check("decode", model(x[:, :, 3:], got_cache), ref(x[:, :, 3:], want_cache))
+            c.check("cache", got_cache.layers[0].keys, want_cache.layers[0].keys)
+
+
 CASES = ["global_edited", "global_runtime", "global_numbers", "global_enum", "shared_module",
          "config_default", "class_attr_edited", "class_attr_runtime", "base_class",
          "override_added", "rebound_class_function", "two_graphs", "direct_call_after_patch",
-         "mode_default", "mode_max_autotune", "stored_builtin", "stored_function", "stored_same"]
+         "mode_default", "mode_max_autotune", "stored_builtin", "stored_function", "stored_same",
+         "kv_cache_global"]
 
 if __name__ == "__main__":
     for name in (sys.argv[3].split(",") if len(sys.argv) > 3 else CASES):

@@ -8,7 +8,8 @@ Compiles (Inductor) a tiny GPT-2 whole with ``compile_cache.compile(model)`` and
 ``compile_cache.compile(fn)`` on a function closing over a tensor; then a second function, warmed
 with ``compile_cache.warm`` on the publisher and compiled with ``compile_cache.compile`` on the
 fresh node. Prints ``RESULT {json}``:
-the largest differences from eager, the FX-graph hits and misses of each part, the reports.
+the largest differences from eager, the FX-graph hits and misses of each part, the frames the
+forward traced and the precompile entries it loaded, the reports.
 """
 
 from __future__ import annotations
@@ -53,10 +54,15 @@ def main() -> None:
     out["model_restored_packs"] = report.restored_packs
 
     h0, m0 = fx()
+    frames = counters["frames"]["ok"]
     model.eval()
     ref.eval()
     with torch.no_grad():
         out["forward_diff"] = float((model(ids).logits - ref(ids).logits).abs().max())
+    # what the forward traced, and the precompile entries loaded (compile_cache.compile loads
+    # the part's entry before the first call)
+    out["forward_frames"] = counters["frames"]["ok"] - frames
+    out["entry_loads"] = counters["dynamo_cache"]["dynamo_cache_hit"]
     model.train()
     ref.train()
     model.config.use_cache = ref.config.use_cache = False
@@ -111,7 +117,7 @@ def main() -> None:
     out["published_packs"] = [r.published_packs for r in reports]
     out["errors"] = [e for r in reports for e in r.errors]
     out["precompile"] = [report.precompile, report.precompile_declined,
-                         {g.get("status"): g.get("reason", "")[:200]
+                         {g.get("status"): g.get("reason", "")
                           for g in report.precompile_groups.values()}]
     out["capture"] = [r.capture for r in reports]
     print("RESULT " + json.dumps(out), flush=True)

@@ -42,6 +42,7 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_REMOTE_RETRIES": ("3", 3, "many"),
     "COMPILE_CACHE_REMOTE_TIMEOUT": ("2.5", 2.5, "-1"),
     "COMPILE_CACHE_S3_CLIENT": ("S3FS", "s3fs", "boto3"),
+    "COMPILE_CACHE_REMOTE_CLIENT": ("FSSPEC", "fsspec", "obstore"),
     "COMPILE_CACHE_PACK_COMPRESSION": ("9", 9, "20"),
     "COMPILE_CACHE_RUN_NAME": ("gen-1.b", "gen-1.b", "../x"),
     "COMPILE_CACHE_RUN_DIR": ("/shared/cc", "/shared/cc", ""),  # any path or URL

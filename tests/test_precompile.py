@@ -213,9 +213,12 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
     """A fresh node whose every group loads from the store never compiles: after its first
     forward, none of the modules only a compile needs (Inductor's compile_fx, its FX passes and
     pattern matcher; the code generator, the scheduler, lowering, select_algorithm and the GEMM
-    kernel modules) has been imported. Torch's own ``torch.compile`` imports compile_fx at once
-    (torch._inductor.compile_fx.get_patched_config_dict), the restored kernels' code imports
-    memory_planning and select_algorithm, and a cache hit imports torch._inductor.graph
+    kernel modules; torch._inductor.debug, the IR and after_aot; after_dynamo, AOTAutograd's
+    partitioners and networkx) has been imported. Torch's own ``torch.compile`` imports
+    compile_fx at once (torch._inductor.compile_fx.get_patched_config_dict) and after_dynamo
+    (eval_frame.get_compiler_fn, compile_cache.torch_compat.inductor_backend), the restored
+    kernels' code imports memory_planning and select_algorithm, a cache hit imports
+    torch._inductor.graph, and a compiled graph's call reads torch._inductor.debug
     (compile_cache.torch_compat.restored_code)."""
     store = tmp_path / "store"  # a copy: this node's counts stay out of the shared store's stats
     shutil.copytree(nodes["store"], store, symlinks=True)
@@ -228,6 +231,8 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
     # the same check where something compiled: it can fail
     assert "torch._inductor.compile_fx" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "torch._inductor.select_algorithm" in nodes["publish"]["plain"]["compile_only_modules"]
+    assert "torch._inductor.debug" in nodes["publish"]["plain"]["compile_only_modules"]
+    assert "networkx" in nodes["publish"]["plain"]["compile_only_modules"]
 
 
 def test_the_publisher_saves_entries_when_they_compile_not_in_a_training_step(

@@ -6,6 +6,7 @@ and test_architectures.py."""
 
 from __future__ import annotations
 
+import functools
 import types
 import uuid
 import warnings
@@ -206,6 +207,133 @@ def test_a_part_compiled_whole_declines_what_a_region_would_pin_before_it_runs()
     assert not pf.pins.described()
     assert EAGER == []  # the part never ran uncompiled
     assert counters["frames"]["ok"] - ok == 1 and counters["frames"]["total"] - total == 2
+
+
+
+def _deprecated(fn: Any) -> Any:
+    """A decorator as transformers' ``deprecate_kwarg``: the module-level name is the wrapper,
+    the function it wraps lives only in the wrapper's closure (GPT-2's ``create_causal_mask``)."""
+
+    @functools.wraps(fn)
+    def wrapped_func(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapped_func
+
+
+@_deprecated
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _halved(x: torch.Tensor) -> torch.Tensor:
+    return x / 2
+
+
+class WrappedCallBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _scaled(self.lin(x))
+
+
+def test_a_part_compiled_whole_pins_a_global_closure_and_notices_a_change() -> None:
+    """Whole GPT-2's ``create_causal_mask``: the function a module-level decorator wraps is
+    reached through the wrapper's closure; in the part's own frame it is pinned (module,
+    qualified name, code digest), not declined, and a change of the cell is noticed at the next
+    call (the part compiles again with every guard)."""
+    fn = pc.region_function(_tramp, f"test_part_{uuid.uuid4().hex[:12]}")
+    pf = pc.PrecompiledFunction(fn, {"backend": "eager"}, pin_block=False)
+    block, x = WrappedCallBlock(), torch.randn(2, D)
+    with torch.no_grad():
+        assert torch.equal(pf(block, x), block(x))
+        assert pf.status == "new" and pf.declined is None, pf.declined
+        pins = pf.pins.described()
+        (source,) = [s for s in pins if "__closure__" in s]
+        assert "_scaled" in source and pins[source].startswith(f"{__name__}._scaled:")
+        cell = next(c for c in _scaled.__closure__ if c.cell_contents is _scaled.__wrapped__)
+        original = cell.cell_contents
+        cell.cell_contents = _halved
+        try:
+            assert torch.equal(pf(block, x), block.lin(x) / 2)
+        finally:
+            cell.cell_contents = original
+    assert pf.status == "declined" and "rebound after compiling" in (pf.declined or "")
+
+
+class NestedBreakBlock(nn.Module):
+    """Counts its calls in a buffer; the graph breaks inside a function it calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return _breaks(self.lin(x))
+
+
+def _breaks(y: torch.Tensor) -> torch.Tensor:
+    y = y + 1
+    torch._dynamo.graph_break()
+    return y * 2
+
+
+def test_a_part_compiled_whole_that_graph_breaks_declines_before_it_runs() -> None:
+    """A whole GPT-2 training step breaks its graph (transformers' ``logger.warning_once``):
+    the frames Dynamo traces apart afterwards close over functions no saved guard identifies,
+    so the part's own frame declines before anything of the call ran (the buffer counts one
+    call, the part never runs uncompiled), and the decline is not remembered for the entry
+    (its paths without a break, saved before, still load on the next node)."""
+    fn = pc.region_function(_tramp, f"test_part_{uuid.uuid4().hex[:12]}")
+    pf = pc.PrecompiledFunction(fn, {"backend": "eager"}, pin_block=False)
+    block, x = NestedBreakBlock(), torch.randn(2, D)
+    EAGER.clear()
+    with torch.no_grad():
+        out = pf(block, x)
+        assert torch.equal(out, (block.lin(x) + 1) * 2)
+    assert pf.status == "declined" and "graph-breaks in its own frame" in (pf.declined or "")
+    assert pf.decline_persists is False
+    assert float(block.calls) == 1.0 and EAGER == []
+
+
+def test_module_globals_of_a_saved_frame_are_recorded_as_import_sources() -> None:
+    """Dynamo's bytecode loads ``collections`` (to rebuild transformers' ``ModelOutput``) from
+    a global named after this process (``___module_collections_<id>_c<n>``) that torch does
+    not save with the package: a loaded whole GPT-2 failed with NameError. The name is recorded
+    as the package's import source; a name that is no module declines."""
+    import collections
+
+    from compile_cache.torch_compat.precompile import GuardReport, _record_module_globals
+
+    name = f"___module_collections_{id(collections)}_c0"
+    scope = types.ModuleType(f"_cc_test_scope_{uuid.uuid4().hex[:8]}")
+    scope.__dict__[name] = collections
+    scope.__dict__["___module_fake_1_c0"] = object()
+    code = compile(f"def inner():\n    return {name}.OrderedDict\n", "<test>", "exec")
+
+    class _Package:
+        def __init__(self) -> None:
+            self._current_entry = types.SimpleNamespace(python_module=scope.__name__)
+            self.sources: dict[str, str] = {}
+
+        def add_import_source(self, alias: str, module_name: str) -> None:
+            self.sources[alias] = module_name
+
+    import sys
+
+    sys.modules[scope.__name__] = scope
+    try:
+        package, report = _Package(), GuardReport()
+        _record_module_globals(package, code, report)  # found in a nested code object
+        assert package.sources == {name: "collections"} and report.safe
+        _record_module_globals(package, compile("___module_fake_1_c0", "<t>", "eval"), report)
+        assert not report.safe and "___module_fake_1_c0" in report.declined[0]
+    finally:
+        del sys.modules[scope.__name__]
 
 
 # ----------------------------------------------------------------------------- recompile warnings

@@ -102,8 +102,9 @@ def test_a_block_called_directly_after_a_monkeypatch_runs_the_new_code(
     assert len(case["warnings"]) == 1
 
 
-@pytest.mark.parametrize("name", ["mode_default", "mode_max_autotune"])
-def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None:
+def _published_then_loaded(nodes: dict[str, Any], name: str) -> None:
+    """Case ``name``: eager-equal on both nodes without a warning, its one group new on the
+    publisher and loaded on the fresh node, which traces nothing."""
     publish, load = nodes["publish"][name], nodes["load"][name]
     for case in (publish, load):
         _matches_eager(case)
@@ -111,6 +112,11 @@ def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None
     assert [g["status"] for g in _groups(publish)] == ["new"]
     assert [g["status"] for g in _groups(load)] == ["loaded"]
     assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+
+
+@pytest.mark.parametrize("name", ["mode_default", "mode_max_autotune"])
+def test_precompile_loads_under_a_mode(nodes: dict[str, Any], name: str) -> None:
+    _published_then_loaded(nodes, name)
 
 
 @pytest.mark.parametrize("name", ["stored_builtin", "stored_function"])
@@ -135,13 +141,7 @@ def test_an_object_stored_on_the_block_is_recorded_by_identity(
 
 
 def test_the_same_object_stored_on_the_block_loads(nodes: dict[str, Any]) -> None:
-    publish, load = nodes["publish"]["stored_same"], nodes["load"]["stored_same"]
-    for case in (publish, load):
-        _matches_eager(case)
-        assert case["warnings"] == []
-    assert [g["status"] for g in _groups(publish)] == ["new"]
-    assert [g["status"] for g in _groups(load)] == ["loaded"]
-    assert load["frames_traced"] == 0 and load["dynamo_cache_hits"] == 1
+    _published_then_loaded(nodes, "stored_same")
 
 
 # ----------------------------------------------------------------------- in process, no Inductor
@@ -182,3 +182,24 @@ def test_a_frames_values_are_filed_under_the_graph_added_next() -> None:
     recorder.graph_added(b"graph-2")  # added without a filter run: no record
     assert recorder.records_for([graph_digest(b"graph-1"), graph_digest(b"graph-2")]) == {
         graph_digest(b"graph-1"): {"G['m'].MODE": "str:'sigmoid'"}}
+
+
+def test_kv_cache_calls_traced_into_the_graph_prove_their_values_on_a_fresh_node(
+    nodes: dict[str, Any],
+) -> None:
+    """A part called with a KV cache (its update traced into the graph, no eager update between
+    two graphs: T5's decoder self-attention) precompiles its cache calls (issue 35); the fresh
+    node set a module-level setting the graphs read to another value, so neither the prefill's
+    nor the decode step's graph of the publisher may run there."""
+    publish, load = nodes["publish"]["kv_cache_global"], nodes["load"]["kv_cache_global"]
+    for case in (publish, load):
+        _matches_eager(case)
+        assert set(case["diffs"]) == {"prefill", "decode", "cache"} and case["warnings"] == []
+    cache = [g for g in _groups(publish) if g["label"].endswith("(KV-cache calls)")]
+    assert [g["status"] for g in cache] == ["new"], _groups(publish)
+    assert publish["frames_traced"] == 2
+    (group,) = [g for g in _groups(load) if g["label"].endswith("(KV-cache calls)")]
+    assert group["status"] == "new" and load["dynamo_cache_hits"] == 0, group
+    assert group["reason"].startswith("2 restored graph(s) not installed"), group
+    assert "MODE is str:'sigmoid' here but the graph was traced with str:'tanh'" in group["reason"]
+    assert load["frames_traced"] == 2

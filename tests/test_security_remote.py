@@ -233,9 +233,9 @@ class Endless(http.server.BaseHTTPRequestHandler):
 def test_a_listing_that_never_ends_stops_with_an_error(
     env: Path, monkeypatch: pytest.MonkeyPatch, repeat: bool,
 ) -> None:
-    from compile_cache.store.backends import open_backend, s3
+    from compile_cache.store.backends import open_backend, rest
 
-    monkeypatch.setattr(s3, "MAX_LIST_PAGES", 50)  # the bound, made small enough to reach fast
+    monkeypatch.setattr(rest, "MAX_LIST_PAGES", 50)  # the bound, made small enough to reach fast
     handler = type("Handler", (Endless,), {"repeat": repeat, "pages": 0})
     server, endpoint = _serve(handler)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)

@@ -114,6 +114,53 @@ def test_missing_it_leaves_torch_compile_as_it_is(monkeypatch: pytest.MonkeyPatc
     assert inductor_backend.CAPABILITY in torch_compat.degraded()
 
 
+def test_the_stand_in_is_torchs_minifier_wrapper_until_a_graph_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the context ``get_compiler_fn`` is torch's (same file and lines) but for where
+    ``wrap_backend_debug`` comes from: torch's wrapper while after_dynamo is imported, else the
+    stand-in, with the attributes torch's wrapper has; a call builds torch's wrapper and goes
+    through it; torch's function comes back after."""
+    from torch._dynamo import eval_frame
+    from torch._dynamo.repro.after_dynamo import WrapBackendDebug
+
+    torchs = eval_frame.get_compiler_fn
+    calls: list[int] = []
+
+    def record(gm: Any, example_inputs: list[Any]) -> Any:
+        calls.append(len(example_inputs))
+        return gm.forward
+
+    with config_without_compile_stack():
+        light = eval_frame.get_compiler_fn
+        assert light is not torchs and light.__code__.co_filename == torchs.__code__.co_filename
+        assert light.__code__.co_firstlineno == torchs.__code__.co_firstlineno
+        assert max(line for *_, line in light.__code__.co_lines() if line) \
+            == max(line for *_, line in torchs.__code__.co_lines() if line)
+        assert type(light(record)) is WrapBackendDebug  # after_dynamo imported: torch's
+        monkeypatch.delitem(sys.modules, "torch._dynamo.repro.after_dynamo")
+        # (a backend named by a string other than "inductor" is looked up in torch's registry,
+        # whose first lookup imports after_dynamo itself)
+        for backend in (record, torch._TorchCompileInductorWrapper("default", {}, False)):
+            ours = light(backend)
+            monkeypatch.undo()
+            theirs = torchs(backend)
+            assert type(ours) is inductor_backend.BackendDebug
+            assert set(vars(ours)) - set(vars(theirs)) == {"_torch_wrapper"}
+            for name, value in vars(theirs).items():
+                assert getattr(ours, name) == value, name
+            monkeypatch.delitem(sys.modules, "torch._dynamo.repro.after_dynamo")
+        ours = light(record)
+        monkeypatch.undo()
+    assert eval_frame.get_compiler_fn is torchs
+    assert type(ours) is inductor_backend.BackendDebug and ours._torch_wrapper is None
+    gm = torch.fx.symbolic_trace(_double_plus_one)
+    out = ours(gm, [torch.ones(2)])
+    assert calls == [1] and type(ours._torch_wrapper) is WrapBackendDebug
+    assert ours._torch_wrapper._torchdynamo_orig_backend is record
+    torch.testing.assert_close(out(torch.ones(2)), _double_plus_one(torch.ones(2)))
+
+
 def test_a_fresh_process_imports_no_compile_stack_until_a_graph_compiles(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import sys
@@ -123,9 +170,20 @@ def test_a_fresh_process_imports_no_compile_stack_until_a_graph_compiles(tmp_pat
         def f(x):
             return x + 1
 
+        calls = []
+
+        def record(gm, example_inputs):
+            calls.append(len(example_inputs))
+            return gm.forward
+
         with config_without_compile_stack():
             wrapped = torch.compile(f)
-            print("inside", "torch._inductor.compile_fx" in sys.modules)
+            recorded = torch.compile(f, backend=record)
+            print("inside", "torch._inductor.compile_fx" in sys.modules,
+                  "torch._dynamo.repro.after_dynamo" in sys.modules, "networkx" in sys.modules)
+            # a graph compiles: torch's minifier wrapper is built, and calls the backend
+            print("called", int(recorded(torch.ones(1))), calls,
+                  "torch._dynamo.repro.after_dynamo" in sys.modules)
             import torch._inductor.select_algorithm  # what restored kernels' code imports
         from torch._inductor.kernel.bmm import bmm_template
         print("lazy", type(bmm_template.template).__name__, bmm_template.template._template is None)
@@ -144,7 +202,8 @@ def test_a_fresh_process_imports_no_compile_stack_until_a_graph_compiles(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     # a plain torch.compile does import compile_fx, and templates are torch's again after: the
     # checks can fail
-    assert done.stdout.split() == ["inside", "False", "lazy", "_LazyTemplate", "True",
+    assert done.stdout.split() == ["inside", "False", "False", "False", "called", "2", "[1]", "True",
+                                   "lazy", "_LazyTemplate", "True",
                                    "plain", "True", "same", "True", "after", "Template"]
 
 

@@ -5,13 +5,16 @@ What must hold: the stand-in ``extern_kernels`` gives, for every name it knows, 
 torch's own namespace holds (and any other name from torch's); the exchanged header lines import
 the same ``_align``; a module is changed only while the module its line imports is not imported,
 line for line; torch's ``cache_hit_post_compile`` recompiled keeps its file, line numbers and
-behaviour (it still calls ``GraphLowering.save_output_code`` when a test set it). The fresh node
+behaviour (it still calls ``GraphLowering.save_output_code`` when a test set it); torch's
+``CompiledFxGraph.__call__`` recompiled keeps its file and lines, records the graph execution
+order as torch's does, and runs where ``torch._inductor.debug`` is not imported. The fresh node
 that restores everything and imports none of those modules is in tests/test_precompile.py.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,19 @@ HEADER = [
     "def call(a, b, c):",
     "    return extern_kernels.addmm(c, a, b), align(3)",
 ]
+
+
+@pytest.fixture
+def torchs_own_code() -> Iterator[None]:
+    """torch's own functions for the test, whatever an earlier test of the process installed
+    (install swaps their ``__code__`` in place); put back as it was after."""
+    was = restored_code.installed()
+    restored_code.uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            restored_code.install()
 
 
 def test_the_stand_in_holds_torchs_own_kernels() -> None:
@@ -91,7 +107,7 @@ def test_torch_header_still_has_the_lines() -> None:
     assert all(line in text for line in restored_code._LINES)
 
 
-def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook() -> None:
+def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook(torchs_own_code: None) -> None:
     from torch._inductor import codecache
     from torch._inductor.graph import GraphLowering
 
@@ -126,24 +142,63 @@ def test_post_compile_keeps_its_file_lines_and_calls_the_test_hook() -> None:
     assert seen == ["src"]
 
 
+def test_the_call_keeps_its_lines_records_as_torch_and_needs_no_debug_module(
+    monkeypatch: pytest.MonkeyPatch, torchs_own_code: None
+) -> None:
+    import torch._inductor
+    import torch._inductor.debug as debug
+    from torch._inductor import output_code
+
+    function = restored_code._call_function()
+    torchs = function.__code__
+    code = restored_code._call_code()
+    assert code.co_filename == torchs.co_filename == output_code.__file__
+    assert code.co_firstlineno == torchs.co_firstlineno
+    assert code.co_varnames[:2] == torchs.co_varnames[:2] == ("self", "inputs")
+    assert max(line for *_, line in code.co_lines() if line) \
+        == max(line for *_, line in torchs.co_lines() if line)
+    recompiled = type(function)(code, function.__globals__, function.__name__)
+    original = type(function)(torchs, function.__globals__, function.__name__)
+
+    def graph() -> Any:  # what __call__ reads of a CompiledFxGraph
+        return type("G", (), {"current_callable": staticmethod(lambda inputs: sum(inputs)),
+                              "fx_kwargs": {"graph_id": 7}, "_compile_context": None,
+                              "_fx_graph_cache_key": "k"})()
+
+    orders = []
+    for call in (original, recompiled):
+        with debug.record_and_log_graph_execution_order():
+            debug.GRAPH_COMPILE_IDS[7] = "0/0"
+            assert call(graph(), [1, 2]) == 3
+            orders.append(list(debug.GRAPH_EXECUTION_ORDER))
+    assert orders[0] == orders[1] == [{"compile_id": "0/0"}]  # records as torch's does
+    assert recompiled(graph(), [1, 2]) == 3  # not recording: nothing appended, nothing read
+    # a process that never imported torch._inductor.debug: torch's call needs it, ours not
+    monkeypatch.delattr(torch._inductor, "debug")
+    with pytest.raises(AttributeError):
+        original(graph(), [1, 2])
+    assert recompiled(graph(), [1, 2]) == 3
+
+
 def test_install_is_idempotent_and_uninstall_gives_torch_its_own_back() -> None:
     from torch._inductor import codecache
 
     was = restored_code.installed()
-    function = restored_code._post_compile_function()
+    function, call = restored_code._post_compile_function(), restored_code._call_function()
     try:
         restored_code.uninstall()
         torchs_loader, torchs_code = codecache._reload_python_module, function.__code__
+        torchs_call = call.__code__
         assert torchs_loader.__module__ == "torch._inductor.runtime.compile_tasks"
         assert restored_code.install() and restored_code.install()
         assert codecache._reload_python_module is restored_code._reload_python_module
-        assert function.__code__ is not torchs_code
+        assert function.__code__ is not torchs_code and call.__code__ is not torchs_call
         # the probe run after installing (doctor, capabilities() in a process that compiled)
         # still finds torch's loader: the one ours replaced
         assert restored_code._probe() is None
         restored_code.uninstall()
         assert codecache._reload_python_module is torchs_loader
-        assert function.__code__ is torchs_code
+        assert function.__code__ is torchs_code and call.__code__ is torchs_call
     finally:
         if was:
             restored_code.install()

@@ -74,10 +74,12 @@ def _remote_info(tier: Any) -> dict[str, Any]:
         if os.environ.get("AWS_ENDPOINT_URL"):
             creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
     elif protocol in ("gs", "gcs"):
-        if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        if os.environ.get("GOOGLE_OAUTH_ACCESS_TOKEN"):
+            creds = "environment (GOOGLE_OAUTH_ACCESS_TOKEN)"
+        elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             creds = "GOOGLE_APPLICATION_CREDENTIALS (a key file)"
         else:
-            creds = "gcsfs's chain (fsspec config token, gcloud's, the metadata server)"
+            creds = "the metadata server, else gcsfs's chain (fsspec config token, gcloud's)"
         if os.environ.get("STORAGE_EMULATOR_HOST"):
             creds += f"; endpoint {redact(os.environ['STORAGE_EMULATOR_HOST'])} (STORAGE_EMULATOR_HOST)"
     elif protocol in ("az", "abfs", "abfss"):

@@ -24,6 +24,18 @@ nor compiles) come from what torch prepares for a compile:
   hash, the one in keys, is of the source and unchanged). Templates created while the context
   was on stay lazy; those created outside are torch's.
 
+* **The minifier's wrapper.** ``torch.compile`` wraps every backend in
+  ``torch._dynamo.repro.after_dynamo.WrapBackendDebug`` (``eval_frame.get_compiler_fn``), and
+  importing after_dynamo imports ``torch._dynamo.testing`` and through it AOTAutograd's
+  partitioners and networkx (~290 modules), which a start that traces nothing never uses. Inside
+  the context ``get_compiler_fn`` is torch's own function recompiled from torch's source with its
+  import of ``wrap_backend_debug`` reading :func:`wrap_backend_debug`, which returns torch's
+  wrapper when after_dynamo is imported, else :class:`BackendDebug`: the same attributes as
+  torch's wrapper (``functools.wraps`` of the backend, ``_torchdynamo_orig_backend``,
+  ``_compiler_name``, ``__name__``, ``get_compiler_config``), and a call (a graph compiles)
+  builds torch's ``WrapBackendDebug`` of the same backend and name once and calls it: the
+  minifier settings (``repro_after``, ``repro_level``) act as in torch's.
+
 Other threads: while the context is on, their ``torch.compile`` and template creations take the
 same paths, which behave the same. Capability ``inductor.lazy_compile_stack``: without it
 ``torch.compile`` and the templates are torch's, and the imports happen as before.
@@ -33,18 +45,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from . import available, capability
 
-__all__ = ["CAPABILITY", "config_without_compile_stack"]
+__all__ = ["CAPABILITY", "BackendDebug", "config_without_compile_stack", "wrap_backend_debug"]
 
 CAPABILITY = "inductor.lazy_compile_stack"
 
 #: The name ``torch.compile`` builds its Inductor backend by (a global of ``torch``).
 _WRAPPER = "_TorchCompileInductorWrapper"
+
+_AFTER_DYNAMO = "torch._dynamo.repro.after_dynamo"
+#: In ``torch._dynamo.eval_frame.get_compiler_fn``: torch's import -> the same name from here.
+_GET_COMPILER_FN = (
+    ("    from .repro.after_dynamo import wrap_backend_debug\n",
+     f"    from {__name__} import wrap_backend_debug\n"),
+)
 
 _lock = threading.Lock()
 _depth = 0
@@ -86,7 +106,62 @@ def _probe() -> str | None:
     if not callable(getattr(common, "jinja2_env", None)) or not callable(
             getattr(kernel_template, "indent_except_first", None)):
         return "torch._inductor.codegen.common has no jinja2_env() or indent_except_first()"
+    from .restored_code import UnknownSource
+
+    try:
+        _light_get_compiler_fn()
+    except UnknownSource as exc:
+        return str(exc)
     return None
+
+
+class BackendDebug:
+    """Stands for ``after_dynamo.WrapBackendDebug(backend, name)`` until a graph compiles: the
+    attributes torch's wrapper sets, and a call that builds torch's wrapper (importing
+    after_dynamo then, once) and calls it."""
+
+    def __init__(self, backend: Any, compiler_name: str | None) -> None:
+        functools.wraps(backend)(self)
+        self._torchdynamo_orig_backend = backend
+        self._compiler_name = compiler_name
+        if hasattr(backend, "__name__"):
+            self.__name__ = backend.__name__
+        if hasattr(backend, "compiler_name"):
+            self.__name__ = backend.compiler_name
+        if hasattr(backend, "get_compiler_config"):
+            self.get_compiler_config = backend.get_compiler_config
+        self._torch_wrapper: Any = None
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        wrapper = self._torch_wrapper
+        if wrapper is None:
+            from torch._dynamo.repro.after_dynamo import WrapBackendDebug
+
+            wrapper = self._torch_wrapper = WrapBackendDebug(self._torchdynamo_orig_backend,
+                                                             self._compiler_name)
+        return wrapper(gm, example_inputs, **kwargs)
+
+
+def wrap_backend_debug(backend: Any, compiler_name: str | None) -> Any:
+    """torch's ``wrap_backend_debug`` when after_dynamo is imported, else :class:`BackendDebug`."""
+    module = sys.modules.get(_AFTER_DYNAMO)
+    if module is not None:
+        return module.wrap_backend_debug(backend, compiler_name)
+    return BackendDebug(backend, compiler_name)
+
+
+@functools.cache
+def _light_get_compiler_fn() -> Any:
+    """torch's ``eval_frame.get_compiler_fn`` recompiled from its source with its import of
+    ``wrap_backend_debug`` reading this module's (same file, same line numbers); raises
+    restored_code's UnknownSource when torch's function is not the one known."""
+    from torch._dynamo import eval_frame
+
+    from .restored_code import recompile
+
+    function = eval_frame.get_compiler_fn
+    code = recompile(function, eval_frame, _GET_COMPILER_FN, "def get_compiler_fn(")
+    return type(function)(code, function.__globals__, function.__name__, function.__defaults__)
 
 
 class _LazyTemplate:
@@ -161,6 +236,7 @@ def _enter() -> bool:
     torch's global is not torch's own class (someone else replaced it: all left as it is)."""
     global _depth, _original
     import torch
+    from torch._dynamo import eval_frame
     from torch._inductor.codegen.common import KernelTemplate
 
     wrapper = _wrapper_class()
@@ -169,9 +245,10 @@ def _enter() -> bool:
             if getattr(torch, _WRAPPER) is not wrapper.__bases__[0]:
                 return False
             original = vars(KernelTemplate)["_template_from_string"]
-            _original = getattr(torch, _WRAPPER), original
+            _original = getattr(torch, _WRAPPER), original, eval_frame.get_compiler_fn
             setattr(torch, _WRAPPER, wrapper)
             KernelTemplate._template_from_string = _lazy_template_from_string(original.__func__)
+            eval_frame.get_compiler_fn = _light_get_compiler_fn()
         _depth += 1
         return True
 
@@ -179,6 +256,7 @@ def _enter() -> bool:
 def _exit() -> None:
     global _depth, _original
     import torch
+    from torch._dynamo import eval_frame
     from torch._inductor.codegen.common import KernelTemplate
 
     with _lock:
@@ -186,6 +264,7 @@ def _exit() -> None:
         if _depth == 0:
             setattr(torch, _WRAPPER, _original[0])
             KernelTemplate._template_from_string = _original[1]
+            eval_frame.get_compiler_fn = _original[2]
             _original = None
 
 

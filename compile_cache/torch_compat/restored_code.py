@@ -4,8 +4,8 @@ Every Python module Inductor writes for a compiled graph (its ``call``) starts w
 imports (torch 2.13, ``codegen/wrapper.py``). Two of them import, on a start that restores its
 code and compiles nothing, modules only a compile needs (imported after the rest of what a
 restore needs: ~490 modules, 3-3.5 s on a loaded 2-core machine; 97 of them are not imported
-otherwise, the rest come with ``torch._inductor.debug``, which a compiled graph's call reads;
-benchmarks/RESULTS.md):
+otherwise, most of the rest come with ``torch._inductor.debug`` and torch.compile's minifier
+wrapper, see below and torch_compat.inductor_backend; benchmarks/RESULTS.md):
 
 * ``from torch._inductor.codegen.memory_planning import _align as align``: memory_planning
   imports the code generator (``codegen.wrapper``, the scheduler, autotuning, AOTAutograd's
@@ -33,6 +33,13 @@ that import reading ``torch._inductor.graph`` from ``sys.modules`` (None when no
 then nothing is called) and puts the code into torch's own function object (its wrappers keep
 calling it), the same lines at the same line numbers.
 
+A fourth comes with every call: ``CompiledFxGraph.__call__`` reads
+``torch._inductor.debug.RECORD_GRAPH_EXECUTION`` as an attribute, which needs that module
+imported (it imports the scheduler, the IR, after_aot and AOTAutograd's compile stack). Its flag
+is False until a function of that module sets it, so :func:`install` recompiles the call the same
+way with that first read as ``getattr(getattr(torch._inductor, "debug", None), ...,
+False)``: the same value whenever the module is imported, and no import needed when it is not.
+
 Capability ``inductor.light_restored_code``: without it restored code imports the code
 generator, as torch does.
 """
@@ -47,7 +54,8 @@ from typing import Any
 
 from . import available, capability, mark_missing
 
-__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "installed", "lighten", "uninstall"]
+__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "UnknownSource", "installed", "lighten", "recompile",
+           "uninstall"]
 
 CAPABILITY = "inductor.light_restored_code"
 
@@ -83,6 +91,13 @@ _POST_COMPILE = (
      '"GraphLowering", None)\n'),
     ("            if GraphLowering.save_output_code is not None:\n",
      "            if GraphLowering is not None and GraphLowering.save_output_code is not None:\n"),
+)
+#: In ``CompiledFxGraph.__call__``: torch's first read of ``torch._inductor.debug`` -> the same
+#: read, False when that module is not imported (its flag is False until a function of that
+#: module sets it; the rest of the condition is read only when it is True).
+_CALL = (
+    ("            torch._inductor.debug.RECORD_GRAPH_EXECUTION\n",
+     '            getattr(getattr(torch._inductor, "debug", None), "RECORD_GRAPH_EXECUTION", False)\n'),
 )
 
 
@@ -130,7 +145,8 @@ def _probe() -> str | None:
         return "ExternKernelChoice no longer registers kernels under name or kernel.__name__"
     try:
         _post_compile_code()
-    except _Unsupported as exc:
+        _call_code()
+    except UnknownSource as exc:
         return str(exc)
     sources: dict[tuple[str, ...], str] = {}
     for name, (_, registration, where) in _KNOWN.items():
@@ -140,45 +156,76 @@ def _probe() -> str | None:
     return None
 
 
-class _Unsupported(Exception):
-    """torch's function is not the one this module knows how to recompile."""
+class UnknownSource(Exception):
+    """torch's function is not the one the recompiling code knows (its source changed)."""
 
 
 def _post_compile_code() -> Any:
     """The code of ``FxGraphCache.cache_hit_post_compile`` compiled from torch's source with
     :data:`_POST_COMPILE`'s lines exchanged (same file name and line numbers)."""
+    from torch._inductor import codecache
+
+    if "sys" not in vars(codecache) or vars(codecache)["sys"] is not sys:
+        raise UnknownSource("torch._inductor.codecache does not import sys")
+    return recompile(_post_compile_function(), codecache, _POST_COMPILE, "@staticmethod\n")
+
+
+def _call_code() -> Any:
+    """The code of ``CompiledFxGraph.__call__`` compiled from torch's source with
+    :data:`_CALL`'s line exchanged (same file name and line numbers)."""
+    from torch._inductor import output_code
+
+    if vars(output_code).get("torch") is not sys.modules["torch"]:
+        raise UnknownSource("torch._inductor.output_code does not import torch")
+    return recompile(_call_function(), output_code, _CALL, "def __call__(")
+
+
+def recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], ...], start: str) -> Any:
+    """The code of torch's ``function`` (defined in ``module``) compiled from its source with
+    each of ``lines`` (old, new) exchanged once, in the module's namespace, with the same file
+    name and line numbers."""
     import __future__
 
     import inspect
     import textwrap
 
-    from torch._inductor import codecache
-
-    function = _post_compile_function()
+    name = function.__qualname__
     if function.__code__.co_freevars or function.__closure__:
-        raise _Unsupported("FxGraphCache.cache_hit_post_compile is a closure")
-    lines, first = inspect.getsourcelines(function)
-    source = "".join(lines)
-    for old, new in _POST_COMPILE:
+        raise UnknownSource(f"{name} is a closure")
+    source_lines, first = inspect.getsourcelines(function)
+    source = "".join(source_lines)
+    for old, new in lines:
         if source.count(old) != 1:
-            raise _Unsupported(f"FxGraphCache.cache_hit_post_compile has no line {old.strip()!r}")
+            raise UnknownSource(f"{name} has no line {old.strip()!r}")
         source = source.replace(old, new)
-    if "sys" not in vars(codecache) or vars(codecache)["sys"] is not sys:
-        raise _Unsupported("torch._inductor.codecache does not import sys")
     source = textwrap.dedent(source)
-    if not source.startswith("@staticmethod\n"):
-        raise _Unsupported("FxGraphCache.cache_hit_post_compile is not a staticmethod")
+    if not source.startswith(start):
+        raise UnknownSource(f"{name} does not start with {start.strip()!r}")
     flags = 0
-    if getattr(codecache, "annotations", None) is __future__.annotations:
+    if getattr(module, "annotations", None) is __future__.annotations:
         flags |= __future__.annotations.compiler_flag
     code = compile("\n" * (first - 1) + source, function.__code__.co_filename, "exec", flags=flags,
                    dont_inherit=True)
     namespace: dict[str, Any] = {}
-    exec(code, vars(codecache), namespace)  # noqa: S102 - torch's own source, two lines changed
-    new = getattr(namespace.get(function.__name__), "__func__", None)
-    if new is None or new.__code__.co_freevars or new.__code__.co_firstlineno != function.__code__.co_firstlineno:
-        raise _Unsupported("FxGraphCache.cache_hit_post_compile did not recompile as itself")
-    return new.__code__
+    exec(code, vars(module), namespace)  # noqa: S102 - torch's own source, lines changed
+    new_function = namespace.get(function.__name__)
+    new_function = getattr(new_function, "__func__", new_function)
+    new_code = getattr(new_function, "__code__", None)
+    if new_code is None or new_code.co_freevars or new_code.co_firstlineno != function.__code__.co_firstlineno:
+        raise UnknownSource(f"{name} did not recompile as itself")
+    return new_code
+
+
+def _call_function() -> Any:
+    """torch's own ``CompiledFxGraph.__call__`` function (unwrapped)."""
+    from torch._inductor import output_code
+
+    function = vars(output_code.CompiledFxGraph)["__call__"]
+    while getattr(function, "__wrapped__", None) is not None:
+        function = function.__wrapped__
+    if getattr(function, "__module__", None) != output_code.__name__:
+        raise UnknownSource("CompiledFxGraph.__call__ is not torch's function")
+    return function
 
 
 def _post_compile_function() -> Any:
@@ -191,7 +238,7 @@ def _post_compile_function() -> Any:
     while getattr(function, "__wrapped__", None) is not None:
         function = function.__wrapped__
     if getattr(function, "__module__", None) != codecache.__name__:
-        raise _Unsupported("FxGraphCache.cache_hit_post_compile is not torch's function")
+        raise UnknownSource("FxGraphCache.cache_hit_post_compile is not torch's function")
     return function
 
 
@@ -224,7 +271,8 @@ EXTERN_KERNELS = _ExternKernels()
 
 _lock = threading.Lock()
 _original: Any = None
-_post_compile: tuple[Any, Any] | None = None  # (torch's function, its own code)
+#: (torch's function, its own code) for each function whose code :func:`install` exchanged.
+_swapped: list[tuple[Any, Any]] = []
 #: Lines exchanged, by the module they did not import (for tests and the report).
 COUNTS: dict[str, int] = {}
 
@@ -268,23 +316,21 @@ def installed() -> bool:
 def install() -> bool:
     """Loads restored code without the code generator's imports from now on (idempotent);
     False where torch lacks what it needs."""
-    global _original, _post_compile
+    global _original
     with _lock:
         if _original is not None:
             return True
         if not available(CAPABILITY):
             return False
         try:
-            # torch's compiled-graph call reads torch._inductor.debug as an attribute, which
-            # the code generator's imports would have imported
-            import torch._inductor.debug  # noqa: F401
             from torch._inductor import codecache
 
-            function, code = _post_compile_function(), _post_compile_code()
+            codes = [(_post_compile_function(), _post_compile_code()), (_call_function(), _call_code())]
             _original = codecache._reload_python_module
             codecache._reload_python_module = _reload_python_module
-            _post_compile = function, function.__code__
-            function.__code__ = code
+            for function, code in codes:
+                _swapped.append((function, function.__code__))
+                function.__code__ = code
         except Exception as exc:  # noqa: BLE001 - a torch that moved it: torch's loading
             mark_missing(CAPABILITY, f"{type(exc).__name__}: {exc}")
             return False
@@ -321,14 +367,13 @@ def _may_use_cudagraphs(compile_kwargs: dict[str, Any]) -> bool:
 
 def uninstall() -> None:
     """Puts torch's loader back (tests)."""
-    global _original, _post_compile
+    global _original
     with _lock:
         if _original is not None:
             from torch._inductor import codecache
 
             codecache._reload_python_module = _original
             _original = None
-        if _post_compile is not None:
-            function, code = _post_compile
+        while _swapped:
+            function, code = _swapped.pop()
             function.__code__ = code
-            _post_compile = None

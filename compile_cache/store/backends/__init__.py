@@ -3,7 +3,11 @@
 ``base``            :class:`ObjectBackend` (list, get, download, put, put_if_absent, delete), the
                     bounded retries every client shares (:class:`RetryingBackend`), errors, bounds
 ``fsspec_backend``  any protocol fsspec knows (``s3://`` through s3fs, ``gs://``, ``az://``...)
-``s3``, ``s3_auth`` the small standard-library S3 client and its SigV4 signing and settings
+``rest``            the HTTP transport the small standard-library clients share (connections, a
+                    whole-request deadline, bounded reads, pagination, object reads)
+``s3``, ``s3_auth`` the small S3 client and its SigV4 signing and settings
+``gcs``             the small GCS client (JSON API; an emulator, a token or the metadata server)
+``azure``           the small Azure Blob client (REST API; Shared Key or SAS)
 ``clients``         :func:`open_backend`: which client serves a URL (the one place that chooses)
 
 Nothing outside this package knows a client: removing one is removing its modules here and its

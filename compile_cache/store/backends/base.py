@@ -1,11 +1,12 @@
 """Object storage under a store URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``memory://``).
 
 One small interface, :class:`ObjectBackend` (list, get, download, put, put_if_absent, delete),
-with two implementations, each a :class:`RetryingBackend`: :class:`~.fsspec_backend.FsspecBackend`,
-over fsspec for any protocol, and for ``s3://`` with plain keys in the environment or a profile,
-:class:`~compile_cache.store.backends.s3.S3Backend`, a
-small standard-library client (no s3fs, aiobotocore or botocore import: a fresh node's first
-request is 0.6 to 0.8 s sooner). :func:`~compile_cache.store.backends.clients.open_backend` is the one
+each implementation a :class:`RetryingBackend`: :class:`~.fsspec_backend.FsspecBackend`, over
+fsspec for any protocol, and small standard-library clients (:mod:`.rest`) for ``s3://`` with
+plain keys (:class:`~compile_cache.store.backends.s3.S3Backend`), ``gs://`` with an emulator, a
+token or the metadata server (:mod:`.gcs`) and ``az://`` with a key or SAS (:mod:`.azure`): no
+s3fs/botocore, gcsfs/google-auth or adlfs/Azure SDK import, a fresh node's first request 0.6
+to 0.8 s sooner. :func:`~compile_cache.store.backends.clients.open_backend` is the one
 place that chooses, and says so in the debug log. fsspec and its protocol package (``s3fs``, ``gcsfs``, ``adlfs``:
 ``pip install compile-cache[s3]``) are imported only when a URL needs them, so the base install
 stays small.
@@ -125,6 +126,20 @@ class RetryingBackend:
         self._down_until = time.monotonic() + DOWN_FOR
         raise RemoteError(f"{redact(self.url)}: {what} failed after {self.attempts} tries: "
                           f"{type(last).__name__}: {one_line(last)}") from None
+
+    def _bounded_get(self, name: str, limit: int, fetch: Callable[[], bytes]) -> bytes | None:
+        """``fetch()`` (the object ``name``, at most ``limit`` + 1 bytes of it) with retries:
+        None if it does not exist, :class:`RemoteError` if it is over ``limit`` (every
+        backend's ``get``, one rule)."""
+        try:
+            data: bytes | None = self._call(f"reading {name}", fetch)
+        except FileNotFoundError:
+            return None
+        except TooLargeError:
+            data = None
+        if data is None or len(data) > limit:
+            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes")
+        return bytes(data)
 
 
 class TooLargeError(Exception):

@@ -1,17 +1,20 @@
 """Which client serves a store URL: the one place that chooses.
 
-``s3://`` (and ``s3a://``) goes to the small standard-library client
-(:class:`~compile_cache.store.backends.s3.S3Backend`) when :func:`~compile_cache.store.backends.s3_auth.settings`
-says it can serve the URL as botocore would (keys in the environment or a profile's credentials
-file, and nothing configured that it does not support) and ``COMPILE_CACHE_S3_CLIENT`` is not
-``s3fs``; everything else, every other scheme included, goes to
-:class:`~compile_cache.store.backends.fsspec_backend.FsspecBackend`, exactly as before the small client existed.
-The choice, and why, is logged at debug level (never a credential) and shown by ``doctor``.
+``s3://`` (and ``s3a://``), ``gs://`` (``gcs://``) and ``az://`` (``abfs://``, ``abfss://``) go
+to a small standard-library client (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) when its
+``settings`` says it can serve the URL with the credentials configured (S3: keys in the
+environment or a profile; GCS: an emulator, a token, or the metadata server; Azure: a key or a
+SAS token) and ``COMPILE_CACHE_REMOTE_CLIENT`` is not ``fsspec`` (nor, for ``s3://``,
+``COMPILE_CACHE_S3_CLIENT`` ``s3fs``); everything else goes to
+:class:`~compile_cache.store.backends.fsspec_backend.FsspecBackend` (s3fs, gcsfs, adlfs), exactly
+as before the small clients existed. The choice, and why, is logged at debug level (never a
+credential) and shown by ``doctor``.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ... import config
 from .base import ObjectBackend, redact
@@ -21,36 +24,61 @@ __all__ = ["open_backend"]
 
 logger = logging.getLogger("compile_cache")
 
+#: What the small client of each scheme saves a fresh node (the packages it does not import).
+_SAVES = {"s3": "no s3fs, aiobotocore or botocore import", "gs": "no gcsfs, aiohttp or google-auth import",
+          "az": "no adlfs, aiohttp or Azure SDK import"}
+_NAME = {"s3": "S3", "gs": "GCS", "az": "Azure Blob"}
+_FAMILY = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "abfss": "az"}
 
-def open_backend(url: str) -> ObjectBackend:
-    """The backend for ``url``: the small S3 client for ``s3://`` when it can serve it (see the
-    module docstring), fsspec for everything else."""
-    protocol = url.split("://", 1)[0].lower()
-    if protocol in ("s3", "s3a"):
-        from .s3 import S3Backend  # here: http.client and ssl only for an s3:// store
-        from .s3_auth import check_environment, settings
+
+def _small_client(family: str, url: str) -> tuple[Any, str]:
+    """(the small client of ``family`` for ``url``, "") or (None, why it declines)."""
+    if config.REMOTE_CLIENT.value() == "fsspec":
+        return None, "COMPILE_CACHE_REMOTE_CLIENT=fsspec"
+    if family == "s3":
+        from .s3 import S3Backend  # here: http.client and ssl only for a store that needs them
+        from .s3_auth import check_environment
+        from .s3_auth import settings as s3_settings
 
         check_environment()  # a key ending in a newline: a clear error, never its value
         if config.S3_CLIENT.value() == "s3fs":
-            chosen, why = None, "COMPILE_CACHE_S3_CLIENT=s3fs"
-        else:
-            chosen, why = settings(url)
-        if chosen is not None:
-            backend: ObjectBackend = S3Backend(url, chosen)
-            backend.why = ("s3:// with keys the small client can sign with: no s3fs, aiobotocore or "
-                           "botocore import")
-            logger.debug("compile cache %s: object storage client: %s", redact(url), backend.client)
-            return backend
-        logger.debug("compile cache %s: object storage client: s3fs (the small S3 client does not "
-                     "serve %s)", redact(url), why)
-        backend = FsspecBackend(url)
-        backend.why = f"the small S3 client declines this store: {why}"
-        return backend
-    backend = FsspecBackend(url)
+            return None, "COMPILE_CACHE_S3_CLIENT=s3fs"
+        chosen, why = s3_settings(url)
+        return (S3Backend(url, chosen), "s3:// with keys the small client can sign with: "
+                + _SAVES[family]) if chosen is not None else (None, why)
+    if family == "gs":
+        from .gcs import GcsBackend
+        from .gcs import settings as gcs_settings
+
+        found, why = gcs_settings(url)
+        return (GcsBackend(url, found), f"gs:// with credentials the small client can use "
+                f"({found.source}): " + _SAVES[family]) if found is not None else (None, why)
+    from .azure import AzureBackend
+    from .azure import settings as azure_settings
+
+    found_az, why = azure_settings(url)
+    return (AzureBackend(url, found_az), f"az:// with {found_az.source}: " + _SAVES[family]) \
+        if found_az is not None else (None, why)
+
+
+def open_backend(url: str) -> ObjectBackend:
+    """The backend for ``url``: the scheme's small client when it can serve it (see the module
+    docstring), fsspec for everything else."""
+    protocol = url.split("://", 1)[0].lower()
+    family = _FAMILY.get(protocol)
     package, extra = PACKAGES.get(protocol, (None, None))
-    if package:
-        backend.why = (f"{protocol}:// is served by {package} through fsspec (pip install "
-                       f"'compile-cache[{extra}]'; the small client is for s3:// only)")
-    else:
-        backend.why = f"{protocol}:// is served through fsspec (the small client is for s3:// only)"
+    if family is None:
+        backend = FsspecBackend(url)
+        backend.why = f"{protocol}:// is served through fsspec (no small client for it)"
+        return backend
+    chosen, why = _small_client(family, url)
+    if chosen is not None:
+        chosen.why = why
+        logger.debug("compile cache %s: object storage client: %s", redact(url), chosen.client)
+        return chosen
+    logger.debug("compile cache %s: object storage client: %s (the small client does not serve %s)",
+                 redact(url), package, why)
+    backend = FsspecBackend(url)
+    backend.why = (f"the small {_NAME[family]} client declines this store: {why}; served by {package} "
+                   f"through fsspec (pip install 'compile-cache[{extra}]')")
     return backend

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from ...errors import StoreError
-from .base import ObjectInfo, RemoteError, RetryingBackend, copy_bounded, redact
+from .base import ObjectInfo, RetryingBackend, copy_bounded, redact
 
 __all__ = ["FsspecBackend", "PACKAGES"]
 
@@ -95,13 +95,7 @@ class FsspecBackend(RetryingBackend):
 
     def get(self, name: str, limit: int) -> bytes | None:
         """The object ``name`` (at most ``limit`` bytes read), or None if it does not exist."""
-        try:
-            data = self._call(f"reading {name}", lambda: self._ranged(self._path(name), limit + 1))
-        except FileNotFoundError:
-            return None
-        if len(data) > limit:
-            raise RemoteError(f"{redact(self.url)}/{name} is larger than {limit} bytes")
-        return bytes(data)
+        return self._bounded_get(name, limit, lambda: self._ranged(self._path(name), limit + 1))
 
     def download(self, name: str, out: IO[bytes], limit: int) -> int:
         """Stream ``name`` into ``out`` in chunks, refusing more than ``limit`` bytes; returns

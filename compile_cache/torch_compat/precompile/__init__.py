@@ -47,6 +47,7 @@ import hashlib
 import itertools
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -420,6 +421,8 @@ class PrecompiledFunction:
         with self._lock:
             if self.declined is not None:
                 return
+            if self.report.graph_break:  # the path that breaks declines, not the saved entry
+                self.decline_persists = False
             self._decline(reason or "; ".join(self.report.declined) or "declined")
         for listener in list(self._listeners):
             listener(self)
@@ -543,8 +546,45 @@ def _record_graph_values(package: Any, report: GuardReport) -> None:
     def add_guarded_code(guards_state: bytes, dynamo_code: types.CodeType) -> None:
         add(guards_state, dynamo_code)
         report.values.graph_added(guards_state)
+        _record_module_globals(package, dynamo_code, report)
 
     package.add_guarded_code = add_guarded_code
+
+
+#: A Python module Dynamo's bytecode loads under a name of this process
+#: (``torch/_dynamo/codegen.py``, ``create_load_python_module``: ``___module_<name>_<id>_c<n>``).
+_MODULE_GLOBAL = re.compile(r"^___module_\w+_\d+_c\d+$")
+
+
+def _record_module_globals(package: Any, code: types.CodeType, report: GuardReport) -> None:
+    """Make a saved frame install the modules its bytecode loads by a process-local name.
+
+    Dynamo's bytecode loads a module that the frame's globals do not hold under its own name
+    (``collections``, to rebuild transformers' ``ModelOutput``, an ``OrderedDict``) from a global
+    it installs as ``___module_collections_<id>_c<n>``; torch 2.13 does not record it with the
+    package (unlike ``__import_<module>`` aliases), so a loaded entry fails with ``NameError`` on
+    another process. Each such name is recorded as the package's import source (installed at
+    load as ``importlib.import_module(name)``); one that is not a module declines precompile."""
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(n for n in c.co_names if _MODULE_GLOBAL.match(n))
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    if not names:
+        return
+    entry = getattr(package, "_current_entry", None)
+    scope = getattr(sys.modules.get(getattr(entry, "python_module", "")), "__dict__", {})
+    for name in sorted(names):
+        module = scope.get(name)
+        if isinstance(module, types.ModuleType) and sys.modules.get(module.__name__) is module:
+            package.add_import_source(name, module.__name__)
+        else:
+            reason = (f"the traced bytecode loads {name}, a global Dynamo installed in this "
+                      "process only, that is not an importable module (a loaded entry would not "
+                      "find it)")
+            if reason not in report.declined:
+                report.declined.append(reason)
 
 
 def _mode_options(kwargs: dict[str, Any]) -> dict[str, Any]:

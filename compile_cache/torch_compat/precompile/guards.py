@@ -171,20 +171,37 @@ def _identity_describable(value: Any) -> bool:
         getattr(value, "__qualname__", None) or getattr(value, "__name__", None))
 
 
+def _guard_builder_locals() -> dict[str, Any] | None:
+    """The locals of Dynamo's ``CheckFunctionManager.__init__`` (``torch/_dynamo/guards.py``) on
+    the caller frames of the guard filter; None when torch no longer calls the filter from there."""
+    suffix = os.path.join("_dynamo", "guards.py")
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__init__" and code.co_filename.endswith(suffix) and "f_code" in frame.f_locals:
+            return frame.f_locals
+        frame = frame.f_back
+    return None
+
+
 def compiling_code() -> types.CodeType | None:
     """The code object Dynamo is building guards for (``CheckFunctionManager(f_code, ...)``,
     ``torch/_dynamo/guards.py``), read from the caller frames of the guard filter; None when
     torch no longer calls the filter from there (then no source on the block is pinned)."""
-    suffix = os.path.join("_dynamo", "guards.py")
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "__init__" and code.co_filename.endswith(suffix):
-            found = frame.f_locals.get("f_code")
-            if isinstance(found, types.CodeType):
-                return found
-        frame = frame.f_back
-    return None
+    found = (_guard_builder_locals() or {}).get("f_code")
+    return found if isinstance(found, types.CodeType) else None
+
+
+def frame_graph_break() -> str | None:
+    """Why the frame Dynamo is building guards for ended its graph early (a graph break: Dynamo
+    traces what follows as frames of their own), None when it did not; read from
+    ``CheckFunctionManager(output_graph=...)``. Unknown (torch moved it) counts as a break."""
+    found = _guard_builder_locals()
+    graph = (found or {}).get("output_graph")
+    reason = getattr(graph, "compile_subgraph_reason", None)
+    if reason is None or not hasattr(reason, "graph_break"):
+        return "unknown (torch no longer exposes the frame's compile reason)"
+    return str(getattr(reason, "reason", "graph break"))[:200] if reason.graph_break else None
 
 
 def _describe(value: Any) -> str:
@@ -271,6 +288,25 @@ def _pinnable(entry: Any, decision: GuardDecision) -> bool:
             and not entry.name.startswith("G['__builtins_dict__"))
 
 
+def _whole_part_pin_decline(entry: Any, region_frame: bool) -> str | None:
+    """Why a pin of a part compiled whole (``pin_block=False``) declines, None when it is kept.
+
+    Kept: a pin on a global or on ``__import__('<module>')`` in the part's own frame
+    (``G['__import_transformers_dot_models_dot_gpt2_dot_modeling_gpt2'].create_causal_mask.
+    __closure__[1].cell_contents``: the function transformers' ``deprecate_kwarg`` wraps),
+    checked by identity at each call of the part and, by module, qualified name and code digest,
+    before an entry loads (a frame that graph-breaks declines as a whole: :func:`make_guard_filter`).
+    Declined: a pin on the block (graph breaks are common in a whole model; declined in the
+    part's first frame, before any of the call runs) and a pin in a frame traced apart (its ``G``
+    is another module's globals, not the part's scope the pins are evaluated in)."""
+    if _root(entry.name) == "self":
+        return "a part compiled whole is not pinned on the block (declined in its first frame, before it runs)"
+    if not region_frame:
+        return ("a pin in a frame Dynamo traced apart from the part's call (after a graph "
+                "break) cannot be checked in the part's scope")
+    return None
+
+
 @dataclasses.dataclass
 class GuardReport:
     """What the filter saw for one region: counts per decision, and why precompile was declined."""
@@ -286,6 +322,10 @@ class GuardReport:
     pins: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The values each traced graph was traced under (:mod:`.values`).
     values: ValueRecorder = dataclasses.field(default_factory=ValueRecorder)
+    #: Declined because a part compiled whole graph-broke in its own frame: a decline of the
+    #: path that breaks (a training step), not of the entry, whose other paths (the forward)
+    #: were saved and load on the next node.
+    graph_break: bool = False
 
     @property
     def safe(self) -> bool:
@@ -304,10 +344,10 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
     stored on the block can be pinned. ``on_region_decline`` is called before raising for that
     frame (nothing of the call has run yet: the caller lets the error end the call, which it
     runs again without precompile, instead of Dynamo running the frame eagerly).
-    ``pin_block=False`` (a part compiled whole, where graph breaks are common): what would be a
-    pin on the block declines in the region's own frame instead, before anything of the call
-    ran; pinned there, a later frame's decline (after a graph break) would come after frames
-    ran and compiled under precompile, and the part would compile twice."""
+    ``pin_block=False`` (a part compiled whole, where graph breaks are common): the part's own
+    frame declines, before anything of the call ran, when it graph-breaks (the frames Dynamo
+    then traces apart would decline after it ran, and the part would compile twice) or holds a
+    pin on the block; a pin on a global is kept there (:func:`_whole_part_pin_decline`)."""
     unsupported = unsupported_guard_types()
     lock = threading.Lock()
 
@@ -316,15 +356,26 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
         values: dict[str, str] = {}
         code = compiling_code()
         region_frame = region_code is not None and code is region_code
+        breaks = frame_graph_break() if region_frame and not pin_block else None
         with lock:
             report.frames += 1
             declined_before = len(report.declined)
+            if breaks is not None:
+                why = (f"the part compiled whole graph-breaks in its own frame ({breaks}): Dynamo "
+                       "traces what follows as frames of their own (decorator wrappers, other "
+                       "modules' functions), whose guards on closed-over functions cannot be "
+                       "saved, so they would decline after this frame ran and the part would "
+                       "compile twice (declined in its first frame, before it runs)")
+                if why not in report.declined:
+                    report.declined.append(why)
+                report.graph_break = True
             for entry in entries:
                 decision = classify_guard(entry, unsupported, region_frame=region_frame)
                 if not pin_block and decision.reason == PINNED:
-                    decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: a "
-                                             "part compiled whole is not pinned by identity "
-                                             "(declined in its first frame, before it runs)")
+                    why = _whole_part_pin_decline(entry, region_frame)
+                    if why is not None:
+                        decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: "
+                                                 f"{why}")
                 if decision.action == DROP:
                     if _pinnable(entry, decision):
                         report.pins.setdefault(entry.name, entry.value)
