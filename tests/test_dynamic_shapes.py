@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -144,6 +145,91 @@ def test_dynamic_false_still_compiles_a_static_graph_per_length(counting_backend
     assert first and len(counting_backend.graphs) == 3 * first and counting_backend.symbolic == 0
 
 
+class _Tower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.lin(x)
+        if mask is not None:
+            y = y + mask
+        return torch.relu(self.out(y))
+
+
+class _Towers(nn.Module):
+    """CLIP's shape: one group (two towers), called with keywords, for the text with a mask and
+    for the image without one, at another length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.text = _Tower()
+        self.vision = _Tower()
+
+    def forward(self, t: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.text(x=t, mask=torch.zeros(t.shape[1], 8)), self.vision(x=v)
+
+
+def _towers_at(backend, record: dict | None, *texts: int) -> tuple[list, Any, Any]:
+    """A "process" that installs ``record``, then runs text at ``texts`` (image at 5 each time):
+    (its graphs: symbolic or not, placeholder shapes; its record; torch's own, unfiltered)."""
+    from compile_cache.torch_compat import dynamo
+
+    if record is not None:
+        dynamic_shapes.install(record)
+    model = _Towers()
+    compile_regions(model, backend=backend, cache_dir=False)
+    for n in texts:
+        model(torch.randn(1, n, 8), torch.randn(1, 5, 8))
+    owners = _owners(model)
+    state = dynamic_shapes.snapshot(owners)
+    real = dynamo.guard_failures
+    dynamo.guard_failures = dict  # no recompile known: torch's record as it is
+    try:
+        raw = dynamic_shapes.snapshot(owners)
+    finally:
+        dynamo.guard_failures = real
+    graphs = [(backend.is_symbolic(gm), [str(getattr(n.meta.get("example_value"), "shape", n.name))
+                                         for n in gm.graph.find_nodes(op="placeholder")])
+              for gm in backend.graphs]
+    torch._dynamo.reset()
+    backend.graphs.clear()
+    return graphs, state, raw
+
+
+@pytest.mark.filterwarnings("ignore::compile_cache.regions.RegionRecompileWarning")
+def test_a_recompile_for_other_arguments_carries_no_decision(counting_backend):
+    """CLIP on a fresh node compiled a dynamic graph for its first (text) call that the store did
+    not have: the publisher had compiled the text static, then the image (other arguments, another
+    length) dynamic, and torch's record said the length varies. A decision made at a recompile
+    for other arguments does not travel: the next node compiles what the publisher did."""
+    first, state, raw = _towers_at(counting_backend, None, 7)
+    assert [symbolic for symbolic, _ in first] == [False, True], first  # torch's own rule
+    assert "(dim 1)" in str(dynamic_shapes.summary(raw)), raw  # what the branch used to carry
+    assert dynamic_shapes.summary(state) == {} and dynamic_shapes.decisions(state) == set(), state
+    again, state2, _ = _towers_at(counting_backend, state, 7)
+    assert again == first and dynamic_shapes.summary(state2) == {}, (again, first)
+    # the text at a new length on the same path (a failing size guard): that decision travels
+    _, grown, _ = _towers_at(counting_backend, state, 7, 9)
+    ((code, inputs),) = dynamic_shapes.summary(grown).items()
+    assert code.startswith("region__Tower_") and "L['kwargs']['x'] (dim 1)" in inputs, grown
+    # and a restored decision is kept, whatever this process's recompiles were
+    _, kept, _ = _towers_at(counting_backend, grown, 7)
+    assert dynamic_shapes.summary(kept) == dynamic_shapes.summary(grown), kept
+
+
+def test_shape_reasons_are_size_changes_only():
+    assert dynamic_shapes.shape_reason("0/0: tensor 'args[0]' size mismatch at index 1. expected 7, actual 9")
+    assert dynamic_shapes.shape_reason("0/1: 2 <= args[0].size()[1]  # x.shape[1] (_dynamo/x.py:3)")
+    assert dynamic_shapes.shape_reason("0/0: n == 5", ["L['n']"])
+    assert not dynamic_shapes.shape_reason("0/0: n == 5", ["L['m']"])
+    assert not dynamic_shapes.shape_reason("0/0: len(kwargs) == 1")
+    assert not dynamic_shapes.shape_reason("0/0: tensor 'x' dtype mismatch. expected Float, actual Half")
+    assert not dynamic_shapes.shape_reason("0/0: ___check_obj_id(kwargs['mask'], 94)")
+
+
 def test_a_malformed_record_is_left_out(counting_backend, caplog):
     state = _record_at(counting_backend, 5, 7)
     (code,) = state["codes"].values()
@@ -172,25 +258,26 @@ def _node(root: Path, store: Path, length: int | str, *args: str) -> dict:
 
 
 @pytest.mark.inductor
-def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_path):
-    """Four fresh nodes sharing one store, against eager.
+def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_path, build_machine):
+    """Four nodes sharing one store, against eager.
 
     generate() of a tiny Llama and GPT-2 at prompts of 16, 10, 12 and 24 tokens, one node each.
-    Node 1 compiles static graphs and publishes what it saw; node 2 restores that, sees another
+    Node 1 (the session's build machine: a publisher, it restores nothing) compiles static
+    graphs and publishes what it saw; node 2 (fresh, as are 3 and 4) restores that, sees another
     length, so compiles the dynamic graphs and publishes them with the merged record; nodes 3
     and 4 compile those same graphs: FX-graph hits only.
 
-    A generate() prefill and forwards at new lengths after a warm over a range, on the same
-    nodes (no process of their own), on a tiny Qwen2 (another key, other code objects, so
-    nothing the generates compiled serves them): node 3, after its generates, runs
-    compile_cache.warm() of its forward with a KV cache (``warm --use-cache``) at 16, 32
-    and 64 tokens (graphs the store lacked: it compiles them); node 4 runs its generate() prefill
-    at 48 tokens first (its code objects fresh in the process: what it needs comes from the
-    store), then forwards at 24, 40 and 20 tokens, and compiles nothing.
-    Costs four child processes, three with Inductor compiles."""
+    A generate() prefill and forwards at new lengths after a warm over a range, in the same
+    processes, on a tiny Qwen2 (another key, other code objects, so nothing the generates
+    compiled serves them): node 1, after its generates, runs compile_cache.warm() of its forward
+    with a KV cache (``warm --use-cache``) at 16, 32 and 64 tokens (graphs the store lacked: it
+    compiles them); node 4 runs its generate() prefill at 48 tokens first (its code objects fresh
+    in the process: what it needs comes from the store), then forwards at 24, 40 and 20 tokens,
+    and compiles nothing. Costs four child processes, two with Inductor compiles."""
     store = tmp_path / "store"
-    then = {12: ("warm=16,32,64",), 24: ("prefill=48", "forward=24,40,20")}
-    nodes = {length: _node(tmp_path / f"node-{length}", store, length, *then.get(length, ()))
+    then = {16: ("warm=16,32,64",), 24: ("prefill=48", "forward=24,40,20")}
+    roots = {16: build_machine, 10: tmp_path / "node-10", 12: tmp_path / "node-12", 24: tmp_path / "node-24"}
+    nodes = {length: _node(roots[length], store, length, *then.get(length, ()))
              for length in (16, 10, 12, 24)}
     (tmp_path / "nodes.json").write_text(json.dumps(nodes))  # what each node did, for a failure
     for length, result in nodes.items():
@@ -213,7 +300,7 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
         (mine,) = [p for p in recorded if p["key"] == got["key"] and p["pid"] == got["pid"]]
         kinds = {c["kind"] for c in mine["causes"]}
         assert "shape" in kinds and "path" not in kinds, mine  # node 1 took the same paths
-    warm, prefill, later = nodes[12]["warm"], nodes[24]["prefill"], nodes[24]["forward"]
+    warm, prefill, later = nodes[16]["warm"], nodes[24]["prefill"], nodes[24]["forward"]
     assert warm["fx_misses"] > 0 and not warm["errors"], warm  # the store lacked these graphs
     # the prefill at a length the warm never ran: the warm's dynamic graphs, from the store
     assert prefill["equal"] == [True] and not prefill["errors"], prefill

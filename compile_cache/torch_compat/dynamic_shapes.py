@@ -13,6 +13,23 @@ shapes are on: a group compiled with ``dynamic=False`` keeps its static graphs.
 
 Torch's static-to-dynamic *exclusions* (``excluded_sizes``: the sizes a process had a static
 graph for) are not carried: a fresh node has no static graph to fall back to.
+
+A decision travels only when it came from a size change on the same path. Dynamo decides at
+every compile of a code object, whatever made it compile: a group whose members are called with
+other arguments (CLIP's encoder: text with a causal mask, then vision without, at another length)
+recompiles because a guard on the *path* failed (``len(kwargs) == 1``), and that compile also
+finds the length changed and compiles it dynamic. Carried, that decision made a fresh node's
+*first* call (text) compile a dynamic graph the store never had, where the publisher had a
+static one. So :func:`snapshot` leaves out the decisions of a code object whose recompiles in
+this process all failed on other guards than shapes (:func:`shape_reason`): a fresh node then
+repeats the publisher's compiles and hits. A code that recompiled because a size changed (a
+failing size or stride guard, a symbolic shape guard, an int input's value) keeps its
+decisions, and so does one that compiled once only (a dimension dynamic from its first compile
+comes from a restored record: another node's size); decisions restored by :func:`install` are
+always kept. Dynamo names one failing guard per compiled entry, the first it checks: where a
+size guard fails before the one on the arguments (a positional tensor of another length *and*
+another keyword), the recompile counts as a size change and the decision travels; the cost is
+one compile on a later node, never a wrong result.
 """
 
 from __future__ import annotations
@@ -21,14 +38,15 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from . import available, capability, inductor_cache
+from . import available, capability, dynamo, inductor_cache
 from .precompile import names
 
 __all__ = ["MEMBER_DIR", "decisions", "encode_state", "install", "is_region_code", "merge", "restored_file",
-           "snapshot", "source_files", "summary"]
+           "shape_reason", "snapshot", "source_files", "summary"]
 
 log = logging.getLogger("compile_cache")
 
@@ -37,6 +55,13 @@ MEMBER_DIR = "compile_cache_dynamic"
 #: The code objects Dynamo makes for the rest of a frame after a graph break.
 RESUME_PREFIX = "torch_dynamo_resume_in_"
 _VERSION = 1
+#: What :func:`install` put in place (code key -> input -> encoded entry), and the code-state
+#: dict of torch it went into (``torch._dynamo.reset()`` makes a new one: then nothing is).
+_installed: dict[str, dict[str, dict[str, Any]]] = {}
+_installed_into: list[Any] = [None]
+#: A failing guard on a size: Dynamo's tensor check, a symbolic shape guard of a dynamic graph.
+_SHAPE_GUARD = re.compile(r"size mismatch|stride mismatch|expected size|\.size\(\)\[|\.stride\(\)\[")
+_INT_GUARD = re.compile(r"(?P<name>\S+) == -?\d+")
 
 
 @capability(
@@ -162,6 +187,8 @@ def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[
         return None
     owners = set(owners)
     files = None if files is None else set(files)
+    recompiles = _recompile_reasons()
+    installed = _installed if _installed_into[0] is states else {}
     codes: dict[str, Any] = {}
     for code_id, state in list(states.items()):
         if not _wanted(code_id.name, owners, code_id.filename, files) or not state.automatic_dynamic:
@@ -171,10 +198,81 @@ def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[
         except TypeError as exc:  # a torch with other atoms: this code's record is left out
             log.debug("compile_cache: frame state of %s not carried: %s", code_id.name, exc)
             continue
+        reasons = recompiles.get((code_id.name, code_id.firstlineno, os.path.basename(code_id.filename)))
+        if reasons and not any(shape_reason(r, entries) for r in reasons):
+            entries = _path_only(code_id.name, entries, installed.get(_key(code_id), {}))
+            if not entries:
+                continue
         codes[_key(code_id)] = {"name": code_id.name, "firstlineno": code_id.firstlineno,
                                 "file_hash": code_id.file_hash, "closure_hash": code_id.closure_hash,
                                 "filename": os.path.basename(code_id.filename), "inputs": entries}
     return {"version": _VERSION, "codes": codes} if codes else None
+
+
+def shape_reason(reason: str, inputs: Iterable[str] = ()) -> bool:
+    """Whether Dynamo's recompile reason ``reason`` (one entry of ``guard_failures``) is a size
+    change: a failing size or stride guard, a symbolic shape guard, or ``NAME == N`` on an int
+    input among ``inputs`` (the code's recorded inputs, Dynamo's ``L['...']`` names)."""
+    text = re.sub(r"^\S+: ", "", reason.split("\nUser stack", 1)[0].strip())
+    if "dtype" in text.lower():
+        return False
+    if _SHAPE_GUARD.search(text):
+        return True
+    ints = {_strip_local(name) for name in inputs}
+    return any(m.group("name") in ints for part in text.split("; ")
+               if (m := _INT_GUARD.fullmatch(part.split("#", 1)[0].strip())))
+
+
+def _strip_local(name: str) -> str:
+    """``L['x']`` as Dynamo's reasons write it (``x``)."""
+    return re.sub(r"L\[\s*['\"](.*?)['\"]\s*\]", r"\1", name)
+
+
+def _recompile_reasons() -> dict[tuple[str, int, str], list[str]]:
+    """(name, first line, file base name) of each code object that recompiled in this process
+    -> its recompile reasons (one per cache entry tried)."""
+    out: dict[tuple[str, int, str], list[str]] = {}
+    for code, reasons in list(dynamo.guard_failures().items()):
+        name, line, file = (getattr(code, a, None) for a in ("co_name", "co_firstlineno", "co_filename"))
+        if isinstance(name, str) and isinstance(line, int) and isinstance(file, str) and reasons:
+            out.setdefault((name, line, os.path.basename(file)), []).extend(str(r) for r in reasons)
+    return out
+
+
+def _path_only(code: str, entries: dict[str, Any], installed: dict[str, Any]) -> dict[str, Any]:
+    """``entries`` of a code whose recompiles all changed path, not shape: each value seen to vary
+    here is unset again (as if never seen), unless a restored record had it varying; an input
+    left with nothing (a scalar that varied) is left out."""
+    out: dict[str, Any] = {}
+    dropped = []
+    for name, entry in entries.items():
+        had = installed.get(name) or {}
+        if isinstance(entry.get("size"), list):
+            new = dict(entry, size=_unset_dyn(entry["size"], had.get("size")),
+                       stride=_unset_dyn(entry.get("stride"), had.get("stride")))
+        elif entry.get("scalar") == "dyn" and had.get("scalar") != "dyn":
+            new = None  # an int that varied (or a tensor whose rank changed): as if never seen
+        else:
+            new = entry
+        if new != entry:
+            dropped.append(name)
+        if new is not None:
+            out[name] = new
+    if dropped:
+        log.debug("compile_cache: automatic-dynamic decisions of %s on %s not carried: it recompiled "
+                  "in this process only for other arguments or paths, not for a new size",
+                  code, ", ".join(dropped))
+    return out
+
+
+def _unset_dyn(value: Any, had: Any) -> Any:
+    """``value`` (a size or stride, encoded) with each "dyn" not in ``had`` unset (None)."""
+    if value == "dyn":
+        return "dyn" if had == "dyn" else None
+    if not isinstance(value, list):
+        return value
+    return [v if v != "dyn" or had == "dyn" or (isinstance(had, list) and i < len(had) and had[i] == "dyn")
+            else None for i, v in enumerate(value)]
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
@@ -207,6 +305,9 @@ def install(state: dict[str, Any]) -> int:
     from torch._dynamo import pgo
 
     states = pgo.get_code_state()
+    if _installed_into[0] is not states:  # a new code state (torch._dynamo.reset())
+        _installed.clear()
+        _installed_into[0] = states
     turned = 0
     for code in (state.get("codes") or {}).values():
         try:
@@ -218,7 +319,14 @@ def install(state: dict[str, Any]) -> int:
                         "left out", exc)
             continue
         local = states[code_id].automatic_dynamic
+        mine = _installed.setdefault(_key(code_id), {})
         for name, entry in inputs.items():
+            if name in mine:
+                was = _decode_entry(mine[name])
+                was |= entry
+                mine[name] = _encode_entry(was)
+            else:
+                mine[name] = _encode_entry(entry)
             before = _dynamic_dims(local[name]) if name in local else 0
             local[name] |= entry
             local[name].excluded_sizes = None
