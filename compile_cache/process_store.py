@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import threading
 from typing import Any
@@ -55,7 +54,7 @@ ENV_NAME = "COMPILE_CACHE_RUN_NAME"
 #: ... and the store (``--cache-dir``) in this one.
 ENV_DIR = "COMPILE_CACHE_RUN_DIR"
 #: What a name may be (a path segment of nothing).
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_PATTERN = config.RUN_NAME_PATTERN
 
 _lock = threading.Lock()
 _session: CacheSession | None = None

@@ -65,8 +65,9 @@ def child_env(name: str, cache_dir: str | None, site_dir: str,
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Runs ``args.cmd`` with the process store enabled under ``args.name``; its exit code."""
-    from ..process_store import NAME_PATTERN
+    """Runs ``args.cmd`` with the process store enabled under ``args.name``; its exit code.
+    This process imports no torch (only the child, through its sitecustomize)."""
+    from ..config import RUN_NAME_PATTERN as NAME_PATTERN
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
