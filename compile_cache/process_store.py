@@ -95,7 +95,8 @@ def process_key(name: str) -> tuple[str, dict[str, Any]]:
 def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     """Give every ``torch.compile`` of this process the store, under ``name``; returns the key.
 
-    Call it before the first compile (``python -m compile_cache run`` does, at start-up). Restores
+    Call it before the first compile (``python -m compile_cache run`` does, right after the
+    program's import of torch). Restores
     the newest generation of the name's entry now, captures what the process's compiles use and
     publishes it in the background, at :func:`flush` and at exit. A second call with the same
     name does nothing; another name raises ConfigError. A store that cannot be used warns and
