@@ -415,11 +415,15 @@ def test_without_nested_graph_breaks_the_blocks_compile_per_block_and_say_so(
 CHILD = Path(__file__).with_name("_generate_child.py")
 
 
-def _fresh_node_run(root: Path, store: Path, *args: str) -> dict:
-    """One process on a fresh node: new TMPDIR, HOME, XDG_CACHE_HOME and local cache dirs."""
+def _fresh_node_run(root: Path, store: Path, *args: str, machine: Path | None = None) -> dict:
+    """One process on a fresh node: new TMPDIR, HOME, XDG_CACHE_HOME and local cache dirs; with
+    ``machine`` (conftest.build_machine), a publisher on that build machine: its temp dir, home
+    and torch's precompiled header there, local cache dirs of its own (it compiles cold)."""
     dirs = {name: root / name for name in ("tmp", "home", "xdg", "inductor", "triton")}
+    if machine is not None:
+        dirs.update({name: machine / name for name in ("tmp", "home", "xdg")})
     for path in dirs.values():
-        path.mkdir(parents=True)
+        path.mkdir(parents=True, exist_ok=machine is not None and path.parent == machine)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COMPILE_CACHE_", "TORCHINDUCTOR_", "TRITON_"))}
     env.update(TMPDIR=str(dirs["tmp"]), HOME=str(dirs["home"]), XDG_CACHE_HOME=str(dirs["xdg"]),
@@ -433,9 +437,9 @@ def _fresh_node_run(root: Path, store: Path, *args: str) -> dict:
 
 
 @pytest.mark.inductor
-def test_fresh_node_restores_every_generate_graph(tmp_path):
+def test_fresh_node_restores_every_generate_graph(tmp_path, build_machine):
     store = tmp_path / "store"
-    cold = _fresh_node_run(tmp_path / "node-a", store)
+    cold = _fresh_node_run(tmp_path / "node-a", store, machine=build_machine)
     warm = _fresh_node_run(tmp_path / "node-b", store)
     for arch in ("llama", "gpt2"):
         first, second = cold[arch], warm[arch]

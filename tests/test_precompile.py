@@ -37,20 +37,26 @@ from compile_cache.torch_compat.precompile.guards import DECLINE, DROP, KEEP, cl
 CHILD = Path(__file__).with_name("_precompile_child.py")
 
 
-def _fresh_node(root: Path) -> dict[str, str]:
+def _fresh_node(root: Path, machine: Path | None = None) -> dict[str, str]:
+    """A fresh node's environment; with ``machine`` (conftest.build_machine), a publisher's on
+    that build machine: its temp dir, home and torch's precompiled header there, local cache
+    dirs of its own under ``root`` (it compiles cold)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "TORCH_"))}
+    machine_dirs = ("TMPDIR", "HOME", "XDG_CACHE_HOME") if machine is not None else ()
     for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
                       ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        env[name] = str(root / sub)
+        base = machine if name in machine_dirs else root
+        (base / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(base / sub)
     env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
     return env
 
 
-def _run_node(root: Path, store: Path, phase: str, cases: str | None = None) -> dict[str, dict[str, Any]]:
+def _run_node(root: Path, store: Path, phase: str, cases: str | None = None,
+              machine: Path | None = None) -> dict[str, dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, str(CHILD), str(store), phase, *([cases] if cases else [])],
-        env=_fresh_node(root),
+        env=_fresh_node(root, machine),
         capture_output=True, text=True, timeout=1500, check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -59,11 +65,12 @@ def _run_node(root: Path, store: Path, phase: str, cases: str | None = None) -> 
 
 
 @pytest.fixture(scope="session")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every case on a publishing node, then on a fresh node restoring from the same store."""
+def nodes(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict[str, Any]:
+    """Every case on a publishing node (the build machine, with local cache dirs of its own),
+    then on a fresh node restoring from the same store."""
     tmp = tmp_path_factory.mktemp("precompile")
     store = tmp / "store"
-    publish = _run_node(tmp / "node-a", store, "publish")
+    publish = _run_node(tmp / "node-a", store, "publish", machine=build_machine)
     load = _run_node(tmp / "node-b", store, "load")
     return {"publish": publish, "load": load, "store": store}
 
