@@ -30,6 +30,7 @@ The object names are :class:`~compile_cache.self.local.layout.RemoteLayout`'s.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -38,13 +39,14 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, publisher
 from .._paths import temp_path
 from ..errors import CorruptPackError, StoreError
 from . import compression, maintenance
@@ -119,6 +121,34 @@ class _Received:
                 fs.unlink(path)
 
 
+#: Tiers with writes left for later (:meth:`RemoteTier.write_pending`), and the lock that makes
+#: their writes one at a time (a reader that flushes waits for the background's write).
+_pending: weakref.WeakSet[RemoteTier] = weakref.WeakSet()
+_write_lock = threading.Lock()
+#: Guards what count and record_use leave and write_pending takes (held for no request).
+_state_lock = threading.Lock()
+_exit_registered = False
+
+
+def _new_write_lock_in_child() -> None:
+    global _write_lock, _state_lock  # a fork while another thread held one would leave it held
+    _write_lock, _state_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_write_lock_in_child)
+
+
+def write_all_pending(url: str | None = None) -> None:
+    """Write the writes left for later of every tier (of ``url``), now, in this thread: what
+    reads a URL's counters or use records (``stats``, listings) sees this process's own (also
+    a write under way on another thread: it is waited for)."""
+    with _write_lock:
+        pass
+    for tier in list(_pending):
+        if url is None or tier.url == url:
+            tier.write_pending()
+
+
 class _Background:
     """``fn()`` on a daemon thread of its own; :meth:`result` waits for it, and returns or
     raises what it did (in a process forked meanwhile, which has no such thread: runs it now)."""
@@ -164,6 +194,8 @@ class RemoteTier:
         self._skip: set[tuple[str, str]] = set()  # corrupt packs this process could not set aside
         self._local: StoreParts | None = None
         self._prefetches: dict[str, _Background] = {}  # key -> the network half, under way
+        self._dirty = False  # counts not written yet (count)
+        self._uses: list[tuple[str, str]] = []  # use objects not written yet (record_use)
 
     def attach(self, local: StoreParts) -> None:
         """Work with the local tier ``local`` (its files, counters and pack checks): done once,
@@ -449,29 +481,87 @@ class RemoteTier:
                     self.local.fs.unlink(tmp)
 
     def record_use(self, key: str) -> None:
-        """Append one use object for ``key`` (at most one per process and hour)."""
+        """Append one use object for ``key`` (at most one per process and hour); with a
+        :attr:`~.backends.base.RetryingBackend.parallel` client, written in the background
+        (:meth:`write_pending`): a start waits for no bookkeeping request."""
         now = time.monotonic()
         if self.local.fs.read_only or now - self._used.get(key, -USE_EVERY) < USE_EVERY:
             return
         self._used[key] = now
+        name = self.layout.use_object(key)  # named now: its time is the use's
+        if getattr(self.backend, "parallel", False):
+            with _state_lock:
+                self._uses.append((key, name))
+                _pending.add(self)
+            self._later()
+            return
         try:
-            self.backend.put(self.layout.use_object(key), b"")
+            self.backend.put(name, b"")
         except RemoteError as exc:
             self._fault(f"recording the use of {key[:12]}", exc)
 
     def count(self, delta: dict[str, Any]) -> None:
-        """Add ``delta`` to this process's counters object (its own: no other process writes it)."""
-        add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
+        """Add ``delta`` to this process's counters object (its own: no other process writes it);
+        with a :attr:`~.backends.base.RetryingBackend.parallel` client, written in the
+        background (:meth:`write_pending`), else now."""
+        with _state_lock:
+            add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
         if self.local.fs.read_only:
+            return
+        if getattr(self.backend, "parallel", False):
+            with _state_lock:
+                self._dirty = True
+                _pending.add(self)
+            self._later()
             return
         try:
             self.backend.put(self._stats_object, json_bytes(self._counts))
         except RemoteError as exc:  # kept in memory; the next update writes the totals again
             logger.debug("compile cache %s: counters not written: %s", self.display, exc)
 
+    def _later(self) -> None:
+        """Have :meth:`write_pending` run on the background publisher (once, however many
+        writes wait; at interpreter exit it drains them, and :func:`write_all_pending` runs)."""
+        global _exit_registered
+        queue = publisher.get()
+        if not _exit_registered:  # after the publisher's own: runs before it at exit
+            _exit_registered = True
+            atexit.register(write_all_pending)
+        queue.submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
+
+    def write_pending(self) -> None:
+        """Write what :meth:`count` and :meth:`record_use` left for later: this process's
+        counters object (the totals so far) and the use objects. Any thread; one at a time. A
+        counters write that fails is kept for the next; a use record that fails is counted
+        (``remote_errors``) and logged, not warned: it may end after its job's call returned,
+        and the job's own requests warn of a store that is down."""
+        failed = 0
+        with _write_lock:
+            with _state_lock:
+                dirty, self._dirty = self._dirty, False
+                uses, self._uses = self._uses, []
+                _pending.discard(self)
+                counts = json_bytes(self._counts) if dirty else b""
+            if dirty:
+                try:
+                    self.backend.put(self._stats_object, counts)
+                except RemoteError as exc:
+                    with _state_lock:
+                        self._dirty = True  # the next update writes the totals again
+                    logger.debug("compile cache %s: counters not written: %s", self.display, exc)
+            for key, name in uses:
+                try:
+                    self.backend.put(name, b"")
+                except RemoteError as exc:
+                    failed += 1
+                    logger.debug("compile cache %s: the use of %s not recorded: %s", self.display, key[:12], exc)
+        if failed:
+            self.local.counters.bump(remote_errors=failed)
+
     # -- what maintenance does (faults raise) ----------------------------------------------------
     def listing(self) -> dict[str, RemoteEntry]:
         """Every entry under the URL, by key (one listing)."""
+        write_all_pending(self.url)  # this process's use records, there first
         return self.layout.entries(self.backend.list(self.layout.entries_dir))
 
     def has(self, key: str) -> bool:
@@ -529,6 +619,7 @@ class RemoteTier:
 
     def totals(self) -> dict[str, Any]:
         """Every process's counters object summed (this process's from memory)."""
+        write_all_pending(self.url)
         totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
         totals["errors_by_kind"] = {}
         for full in self.backend.list(self.layout.stats_dir):
@@ -564,11 +655,13 @@ class RemoteTier:
         return totals
 
     def zero(self) -> None:
+        write_all_pending(self.url)
         self._counts = {}
         self.backend.delete(list(self.backend.list(self.layout.stats_dir)))
 
     def objects(self, key: str) -> list[str]:
         """Every object of the entry ``key`` (its packs, entry.json and use records)."""
+        write_all_pending(self.url)
         return list(self.backend.list(self.layout.entry_dir(key)))
 
     def plan_eviction(self, max_size: int | None, older_than: float | None,
