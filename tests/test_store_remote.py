@@ -587,3 +587,30 @@ def test_a_prefetch_that_fails_is_a_miss_counted_once(s3_url: str, tmp_path: Pat
     assert stats["remote_errors"] == 1 and stats["remote_downloads"] == 0
     assert reader.prefetch(K1) is True and _loaded(reader.load(K1)) == THREE  # the next try
     assert Store(str(tmp_path / "dir")).prefetch(K1) is False  # a directory store: nothing to start
+
+
+def test_a_loads_bookkeeping_is_written_off_its_thread_and_read_back(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load writes no counters object or use record on the job's thread (a start waits for
+    no bookkeeping PUT); the background publisher writes them, and a listing or stats in the
+    same process (another Store of the URL too) sees them."""
+    import threading
+
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    uses = len(reader.remote.listing()[K1].uses)
+    puts: list[tuple[str, str]] = []
+    real = S3Backend.put
+
+    def recording(self, name, data):
+        puts.append((threading.current_thread().name, name))
+        return real(self, name, data)
+
+    monkeypatch.setattr(S3Backend, "put", recording)
+    packs = reader.load(K1)
+    here = [name for thread, name in puts if thread == threading.current_thread().name]
+    assert _loaded(packs) == THREE and here == []
+    other = Store(s3_url)  # its stats read this process's counters object, written first
+    assert other.stats()["remote_downloads"] == 3
+    assert len(other.remote.listing()[K1].uses) == uses + 1

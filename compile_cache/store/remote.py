@@ -229,7 +229,7 @@ class RemoteTier:
         """Start bringing ``key``'s packs over in the background: the listing, the downloads
         and their expansion into temp files run on a thread of their own while the caller goes
         on (a start imports torch's code cache meanwhile); the next :meth:`fetch` of ``key``
-        waits for them, then checks each pack and puts it in place, in its own thread. True if
+        waits for them, then checks each pack and puts it in place, in the caller's thread. True if
         started: only with a backend whose requests may run on other threads
         (:attr:`~.backends.base.RetryingBackend.parallel`). Every module the thread uses is
         imported here, first: a thread that imports can deadlock with the user's own imports."""
