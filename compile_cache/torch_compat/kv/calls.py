@@ -21,8 +21,11 @@ __all__ = ["TRACED_MAX_BLOCKS", "CacheCalls", "is_view"]
 
 #: The largest group whose calls the view does not serve take the traced update when the group
 #: precompiles (one entry per block and phase, :mod:`.cache`); a larger group keeps the eager
-#: update (two frames traced at each start, whatever its size). Why this number: see
-#: :attr:`CacheCalls.traced_updates`.
+#: update (two frames traced at each start, whatever its size). The traced update's costs grow
+#: with the group: the publisher traces one frame per block, a fresh node loads one graph per
+#: block, Dynamo tries a block's call against the entries of the other blocks before its own,
+#: and the recompile limit is the group size x PHASES. 64 covers the usual decoder depths (32 for
+#: 7-8B models) and bounds those costs; it is a judgement, not a measured crossover.
 TRACED_MAX_BLOCKS = 64
 
 
