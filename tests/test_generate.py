@@ -559,12 +559,16 @@ def test_fresh_node_restores_every_generate_graph(tmp_path):
         assert first["equal"] and second["equal"], (arch, first, second)  # Inductor, fp32
         assert first["fx_misses"] > 0 and first["published_packs"] > 0 and not first["errors"]
         assert second["restored_packs"] == first["published_packs"], (arch, second)
-        assert second["fx_misses"] == 0 and second["fx_hits"] >= 1, (arch, second)
+        # nothing compiled, and nothing looked up either: every call's code was precompiled
+        # (once the prefill's FX graphs were FX-cache hits: it traced, issue 35)
+        assert second["fx_misses"] == 0 and second["fx_hits"] == 0, (arch, second)
         # Every group's code came from the store as precompiled entries: the blocks' prefill
         # calls (the cache update traced into the graph, one entry per block; issue 35), their
         # decode steps (the layer view, which the traced prefill proved) and the other groups.
         groups = second["precompile_groups"]
-        assert all(g["status"] == "loaded" and "cache_calls" not in g for g in groups.values()), groups
+        # (the blocks' own function, for calls without a cache, is unused: generate() passes one)
+        assert all(g["status"] in ("loaded", "unused") and "cache_calls" not in g
+                   for g in groups.values()), groups
         for suffix in ("__views", "__cache"):
             entry = [g for name, g in groups.items() if name.endswith(suffix)]
             assert [g["status"] for g in entry] == ["loaded"], (arch, suffix, groups)
