@@ -391,7 +391,7 @@ def cpp_extension_paths() -> tuple[Callable[..., list[str]], str]:
     module = sys.modules.get(_CPP_EXTENSION)
     if module is not None:
         return module.include_paths, module.TORCH_LIB_PATH
-    return include_paths, os.path.join(_torch_path(), "lib")
+    return include_paths, library_paths()[0]
 
 
 class UnknownSource(Exception):
