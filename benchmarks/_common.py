@@ -114,6 +114,32 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def compile_bytecode() -> int:
+    """Writes compile_cache's bytecode (``__pycache__``), as ``pip install`` does for a package.
+
+    A tree used in place has none, or stale files, and with ``PYTHONDONTWRITEBYTECODE`` (set on
+    the machines these benchmarks run on) every process then compiles compile_cache's ~24,000
+    lines again at import: about 0.3 s of CPU a process that eager, whose packages are installed
+    with their bytecode, never pays (benchmarks/RESULTS.md, issue 38). Returns the files written.
+    """
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("compile_cache")
+    if spec is None or not spec.submodule_search_locations:
+        return 0
+    written = 0
+    for folder in spec.submodule_search_locations:
+        before = _bytecode_count(folder)
+        compileall.compile_dir(folder, quiet=2, workers=1)
+        written += _bytecode_count(folder) - before
+    return written
+
+
+def _bytecode_count(folder: str) -> int:
+    return sum(len([n for n in names if n.endswith(".pyc")]) for _, _, names in os.walk(folder))
+
+
 def run_child(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict:
     """Runs ``python argv...`` in a fresh process; returns its last stdout line as JSON plus its
     whole-process wall time (start to exit, imports included) as ``process_s``."""

@@ -64,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
     KernelCounters,
     build_model,
+    compile_bytecode,
     fresh_node_env,
     machine,
     parse_model_spec,
@@ -192,6 +193,7 @@ def _median_of(runs: list[dict]) -> dict:
 
 def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
+    compile_bytecode()  # as installed: the processes do not compile compile_cache's source
     repeats = max(1, args.repeats)  # short warm scenarios: a median, less at the mercy of noise
 
     def record(model: str, mode: str, strategy: str, scenario: str, result: dict) -> None:

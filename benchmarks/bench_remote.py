@@ -27,6 +27,7 @@ the paired ratios (node i of a store / dir node i, run back to back: steadier on
 It also times, in a fresh process, importing each client and making it (``client_import``):
 the small clients, and gcsfs and adlfs (``COMPILE_CACHE_REMOTE_CLIENT=fsspec``) for comparison.
 Goals (issue 39): object storage / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
+The package is byte-compiled first, as an install is (``--no-byte-compile``: not, as before).
 
     python benchmarks/bench_remote.py                         # GPT-2 4x256
     python benchmarks/bench_remote.py --models 2x64 --seq 16 --repeats 1   # smoke test
@@ -304,9 +305,23 @@ SCENARIO_LABELS = {"dir node": "dir", "s3 node": "s3", "s3 raw node": "s3_raw", 
                    "azure node": "azure"}
 
 
+def byte_compile() -> None:
+    """Byte-compile the package the nodes import, as installing it does (pip writes every
+    module's ``.pyc``). Without it, under ``PYTHONDONTWRITEBYTECODE`` (set here) every node
+    compiles each of compile_cache's modules from source as it imports it, inside its TTFO for
+    the modules a start imports late: the object-storage clients' (``store.backends.s3``,
+    ``rest``, ``s3_auth``: about 25 ms on an idle core) only on a node of an object store."""
+    import compile_cache
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(compile_cache.__file__)],
+                   check=True, capture_output=True, timeout=600)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     prime_precompiled_header()
+    if not args.no_byte_compile:
+        byte_compile()
     with tempfile.TemporaryDirectory(prefix="bench_remote_") as work:
         server = _Moto(os.path.join(work, "moto.log"))
         emulators = [] if args.no_emulators else _emulators(work)
@@ -358,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--no-byte-compile", action="store_true",
+                        help="leave the package's modules uncompiled (nodes compile them from source "
+                             "under PYTHONDONTWRITEBYTECODE: the definition before session 16)")
     parser.add_argument("--no-emulators", action="store_true",
                         help="leave out the gs:// and az:// nodes (gcp-storage-emulator, Azurite)")
     parser.add_argument("--levels", nargs="+", metavar="STORE",
@@ -378,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     probes = next((r["client_import"] for r in rows if "client_import" in r), {})
     rows = [r for r in rows if "client_import" not in r]
     data = {"benchmark": "remote", "machine": machine(), "seq": args.seq, "repeats": args.repeats,
+            "byte_compiled": not args.no_byte_compile,
             "goal": GOAL, "bytes_goal": BYTES_GOAL, "rows": rows, "client_import": probes.get("s3"),
             "client_imports": probes}
     if args.json:

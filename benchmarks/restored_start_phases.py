@@ -14,6 +14,9 @@ importing torch, in transformers and building the model, importing compile_cache
 teardown, the final garbage collections) is the process's wall time minus the phases' sum:
 time the process from outside (``PHASES_T0``: the launcher's ``time.time()``, to count the
 interpreter's start too). ``PHASES_MODULES=path`` also writes the imported module names.
+Write compile_cache's bytecode first (``_common.compile_bytecode()``, as bench_cold_start does):
+in a tree without it, every process compiles compile_cache's source again under
+``PYTHONDONTWRITEBYTECODE``.
 """
 
 from __future__ import annotations

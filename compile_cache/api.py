@@ -165,9 +165,11 @@ def compile_planned(
                                    record=fields.record)
         # 5. prefetch, after the restore (restored test libraries need no build); in a
         # coordinated warm-up only the rank that compiles builds them (distributed.protocol).
-        # Every rank defers Inductor's precompiled header: a restored start needs none.
+        # Restored code loads without the code generator (first: the header's probe builds a
+        # kernel command line). Every rank defers Inductor's precompiled header: a restored
+        # start needs none.
+        restored_code.install_for(kwargs)
         prefetch.defer_header_for(model, kwargs)
-        restored_code.install_for(kwargs)  # restored code loads without the code generator
         if example_inputs is None or not _distributed.coordinates(distributed):
             cold = session is None or session.report.restored_packs == 0
             prefetch.start_for(model, kwargs, cold=cold)

@@ -333,8 +333,13 @@ PACK_COMPRESSION = _register(Variable(
     "a whole number from 0 to 19", _count(0, 19),
 ))
 # -- python -m compile_cache run (set by the command for its child; a user may set them too)
+#: What a process store's name may be (a path segment of nothing). Here, not in process_store,
+#: so that ``run`` checks ``--name`` without importing torch.
+RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
 def _run_name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", text):
+    if not RUN_NAME_PATTERN.fullmatch(text):
         raise _Invalid(text)
     return text
 

@@ -9,20 +9,23 @@ keywords, environment), the group and its keywords: no two models or groups shar
 
 A group that cannot use precompile compiles normally, with every default guard, and says why:
 another backend than Inductor (the others save no compiled code), the user's own
-``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, blocks that take a KV
-cache, for the calls that update it eagerly between two graphs (prefill;
-:data:`KV_CACHE_DECLINE`: :class:`CacheRoutedCall` sends those to :func:`compile_plain`), a
-guard that cannot be saved faithfully (seen while tracing), an entry that does not load. Such a
-group's decode steps through the layer view (one graph, no break) precompile as a second
-function (entry ``<code name>__views``), and its calls without a cache as the first. Each
-such group is warned about (:class:`RegionPrecompileWarning`) and reported to the session, which
-counts it in the store's ``stats`` and in ``last_report().precompile_groups``.
+``guard_filter_fn``, the process-wide ``TORCH_CACHING_PRECOMPILE=1``, a guard that cannot be
+saved faithfully (seen while tracing), an entry that does not load. Each such group is warned
+about (:class:`RegionPrecompileWarning`) and reported to the session, which counts it in the
+store's ``stats`` and in ``last_report().precompile_groups``.
 
-Blocks that take a KV cache but are called without the eager update (a block compiled on its
-own, a group of one, ``fullgraph=True``: Dynamo traces the update into the graph, no graph
-break) precompile their calls that pass a cache as a third function (entry
-``<code name>__cache``), proven like the others: their guards on the cache are on the call's
-arguments, saved with the entry; values read through a module are checked at load.
+Blocks that take a KV cache (:mod:`compile_cache.torch_compat.kv.cache`): their calls without a
+cache (training, scoring) run the group's function; their decode steps through the layer view
+(one graph, no break) a second one (entry ``<code name>__views``); their other calls that pass a
+cache (the prefill, decode steps the view does not serve) a third (entry ``<code name>__cache``),
+with the cache update traced into the graph (no graph break): one entry per block and phase,
+proven like the others (their guards on the cache are on the call's arguments and per-block
+attributes, saved with the entry; values read through a module are checked at load). That is
+also how a block compiled on its own (a group of one, ``fullgraph=True``) is called. A group of
+more than :data:`~compile_cache.torch_compat.kv.calls.TRACED_MAX_BLOCKS` blocks, or whose
+``__cache`` function declined, updates the cache eagerly between two graphs instead, and those
+calls compile without precompile (:data:`KV_CACHE_DECLINE`: :class:`CacheRoutedCall` sends them
+to :func:`compile_plain`), reported once a cache is passed.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .plan import is_part_code
 from .store.stats import record_precompile
 from .torch_compat import cudagraphs
 from .torch_compat import precompile as pc
+from .torch_compat.kv import calls as kv_calls
 from .torch_compat.kv.cache import is_cache
 from .torch_compat.kv.calls import is_view
 
@@ -72,14 +76,17 @@ class RegionPrecompileWarning(RuntimeWarning):
 
 
 #: Why the calls that pass a KV cache to a group's blocks, other than decode steps through the
-#: layer view, compile without precompile.
+#: layer view, compile without precompile when the group updates the cache eagerly (more than
+#: TRACED_MAX_BLOCKS blocks).
 KV_CACHE_DECLINE = (
     "its blocks take a KV cache: calls that update it eagerly between two graphs (prefill, and "
     "every call the layer view does not serve; compile_cache.torch_compat.kv.cache) compile "
     "without precompile, since the frame after that graph break is entered with the resume "
     "functions of the frames around it (__nested_resume_fns), whose identity its graph relies "
     "on and no saved guard can check; decode steps through the layer view and calls without a "
-    "cache (training, scoring, use_cache=False) precompile"
+    "cache (training, scoring, use_cache=False) precompile. A group of at most "
+    f"{kv_calls.TRACED_MAX_BLOCKS} blocks traces the update into the graph instead and "
+    "precompiles those calls too (one entry per block)"
 )
 
 
@@ -139,13 +146,17 @@ class CacheRoutedCall:
     (every default guard; the eager cache update between two graphs) or, for blocks called
     without the eager update, the group's precompiled cache-calls function (a
     :class:`BoundCall`); a call without one the group's precompiled function. The three never
-    share compiled code, so a call can never pick a graph traced for another kind of call."""
+    share compiled code, so a call can never pick a graph traced for another kind of call.
+    ``traced_call`` (for :class:`~compile_cache.torch_compat.kv.calls.CacheCalls`, which calls it with
+    the cache update traced into the graph): the group's precompiled cache-calls function, while
+    it has not declined; ``plain`` then serves what it cannot."""
 
-    __slots__ = ("precompiled", "plain", "probe", "views", "on_cache")
+    __slots__ = ("precompiled", "plain", "probe", "views", "on_cache", "traced_fn")
 
     def __init__(self, precompiled: BoundCall, plain: Any, probe: Any,
                  views: BoundCall | None = None,
-                 on_cache: Callable[[], None] | None = None) -> None:
+                 on_cache: Callable[[], None] | None = None,
+                 traced: BoundCall | None = None) -> None:
         self.precompiled = precompiled
         self.plain = plain
         self.probe = probe  # kv_calls.CacheCalls of the block: where its cache argument is
@@ -153,10 +164,19 @@ class CacheRoutedCall:
         #: Called at the first call that passes a cache (then the group is a KV-cache group in
         #: the report; a block that could take one but never gets one, an encoder, is not).
         self.on_cache = on_cache
+        self.traced_fn = traced
 
     @property
     def pf(self) -> pc.PrecompiledFunction:
         return self.precompiled.pf
+
+    @property
+    def traced_call(self) -> BoundCall | None:
+        """The group's precompiled cache-calls function for a call whose cache update Dynamo
+        traces into the graph; None when the group has none or it declined (a declined one would
+        trace every block at every start: the eager update traces two frames)."""
+        traced = self.traced_fn
+        return traced if traced is not None and traced.pf.declined is None else None
 
     @property
     def __self__(self) -> nn.Module:  # the block, as a bound method has it (kv_calls reads it)
@@ -320,9 +340,12 @@ class GroupPrecompiler:
         steps go through the layer view (``cache_calls``: the group's kv_calls.CacheCalls, with
         ``use_views``), those steps to the group's precompiled decode function; or ``plain()``
         alone when the group declined precompile up front (as blocks with a cache compiled
-        before; a :class:`CacheNotedCall` around it, for the report). The calls that update the
-        cache eagerly decline precompile (reported); without the eager update (``cache_calls``
-        None) the calls that pass a cache precompile as the group's ``__cache`` function."""
+        before; a :class:`CacheNotedCall` around it, for the report). The calls that pass a
+        cache precompile as the group's ``__cache`` function, with the update traced into the
+        graph: always without the eager update (``cache_calls`` None), else when
+        ``cache_calls.traced_updates`` (the routed call's ``traced_call``). The calls that update
+        the cache eagerly decline precompile (reported, unless the ``__cache`` function's own
+        decline sent them there: that is reported already)."""
         bound = BoundCall(self.function(code_name, label, compile_kwargs, module), module)
         if probe is None:
             return bound, None
@@ -336,12 +359,14 @@ class GroupPrecompiler:
                                module)
             decode = BoundCall(pf, module)
             cache_calls.decode_entry_loaded = lambda: pf.status == "loaded"
-        if cache_calls is None:
-            # No eager update between two graphs (one block: Dynamo traces the cache update
-            # into the graph): its cache calls precompile as a third function.
+        if cache_calls is None or cache_calls.traced_updates:
+            # The cache update traced into the graph (no graph break: one block, or the traced
+            # update of a group): its cache calls precompile as a third function.
             pf = self.function(code_name + CACHE_SUFFIX, f"{label} (KV-cache calls)",
                                compile_kwargs, module)
-            return CacheRoutedCall(bound, BoundCall(pf, module), probe, decode, None), region
+            if cache_calls is None:
+                return CacheRoutedCall(bound, BoundCall(pf, module), probe, decode, None), region
+            return CacheRoutedCall(bound, compiled, probe, decode, None, BoundCall(pf, module)), region
         return CacheRoutedCall(bound, compiled, probe, decode, on_cache), region
 
     def _event(self, event: PrecompileEvent) -> None:

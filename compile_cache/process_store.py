@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import threading
 from typing import Any
@@ -55,7 +54,7 @@ ENV_NAME = "COMPILE_CACHE_RUN_NAME"
 #: ... and the store (``--cache-dir``) in this one.
 ENV_DIR = "COMPILE_CACHE_RUN_DIR"
 #: What a name may be (a path segment of nothing).
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_PATTERN = config.RUN_NAME_PATTERN
 
 _lock = threading.Lock()
 _session: CacheSession | None = None
@@ -96,7 +95,8 @@ def process_key(name: str) -> tuple[str, dict[str, Any]]:
 def enable(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     """Give every ``torch.compile`` of this process the store, under ``name``; returns the key.
 
-    Call it before the first compile (``python -m compile_cache run`` does, at start-up). Restores
+    Call it before the first compile (``python -m compile_cache run`` does, right after the
+    program's import of torch). Restores
     the newest generation of the name's entry now, captures what the process's compiles use and
     publishes it in the background, at :func:`flush` and at exit. A second call with the same
     name does nothing; another name raises ConfigError. A store that cannot be used warns and

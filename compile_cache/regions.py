@@ -34,7 +34,8 @@
   :class:`~compile_cache.torch_compat.kv.calls.CacheCalls`: one entry per phase (prefill, decode)
   whatever the number of layers; the recompile limit allows the group size x phases. With
   precompile, a group is one precompiled function instead (:mod:`compile_cache.precompiled`;
-  its decode steps a second one, its calls that update a KV cache eagerly none: warned).
+  its decode steps a second one, its other calls with a KV cache a third, with the update
+  traced into the graph: one entry per block).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class _GroupState:
         self._code = code
         self.pf: pc.PrecompiledFunction | None = None  # the group's, with precompile
         self.decode_pf: pc.PrecompiledFunction | None = None  # its decode steps' (layer view)
+        self.cache_pf: pc.PrecompiledFunction | None = None  # its calls with the update traced
         self.size = size
         self.eager_calls = 0
         self.block_recompiles = 0
@@ -160,8 +162,9 @@ class _GroupState:
         counts = [dynamo.cache_entries(self.code, self.region)]
         if self.plain_region is not None:  # precompiled, and its KV-cache calls compiled plain
             counts.append(dynamo.cache_entries(self._code, self.plain_region))
-        if self.decode_pf is not None:  # and its decode steps precompiled apart
-            counts.append(dynamo.cache_entries(self.decode_pf.code))
+        for pf in (self.decode_pf, self.cache_pf):  # its decode steps, its traced cache calls
+            if pf is not None:
+                counts.append(dynamo.cache_entries(pf.code))
         return -1 if min(counts) < 0 else sum(counts)
 
     def check_resumes(self) -> None:
@@ -631,7 +634,7 @@ def install(
             state.pf = compiled.pf
             functions[code_name] = compiled.pf
         if isinstance(compiled, CacheRoutedCall):
-            state.decode_pf = _routed_functions(compiled, code_name, functions)
+            state.decode_pf, state.cache_pf = _routed_functions(compiled, code_name, functions)
         runner = _RegionRunner(compiled, state, key, mod)
         runner.copy_out = copy_out
         module_calls.set_compiled_call(mod, runner)
@@ -648,15 +651,18 @@ def install(
 
 
 def _routed_functions(compiled: CacheRoutedCall, code_name: str,
-                      functions: dict[str, pc.PrecompiledFunction]) -> pc.PrecompiledFunction | None:
-    """Files a KV-cache group's other precompiled functions under their entry names: its decode
-    steps' (returned: the layer view's) and, without the eager update, its cache calls'."""
-    if isinstance(compiled.plain, BoundCall):
-        functions[code_name + CACHE_SUFFIX] = compiled.plain.pf
-    if compiled.views is None:
-        return None
-    functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
-    return compiled.views.pf
+                      functions: dict[str, pc.PrecompiledFunction],
+                      ) -> tuple[pc.PrecompiledFunction | None, pc.PrecompiledFunction | None]:
+    """Files a KV-cache group's other precompiled functions under their entry names and returns
+    them: its decode steps' (the layer view's) and its cache calls' (the update traced into the
+    graph: a group of one, or the traced update of a group)."""
+    cache = compiled.plain if isinstance(compiled.plain, BoundCall) else compiled.traced_fn
+    if cache is not None:
+        functions[code_name + CACHE_SUFFIX] = cache.pf
+    if compiled.views is not None:
+        functions[code_name + VIEWS_SUFFIX] = compiled.views.pf
+    return (None if compiled.views is None else compiled.views.pf,
+            None if cache is None else cache.pf)
 
 
 def _copies_outputs(model: nn.Module, kwargs: dict[str, Any]) -> bool:

@@ -145,6 +145,10 @@ class CacheSession:
         first forward ends (:meth:`after_forward`). Idempotent: files already there are left alone.
         """
         start = time.perf_counter()
+        # On object storage the packs come over while torch's code cache module imports (a
+        # restore needs it for its load guard, a compile for itself): the two overlap.
+        if self.store.prefetch(self.key) and self._inductor:
+            inductor_cache.preload()
         packs = self.store.load(self.key)
         selection = generations.select([p.info for p in packs], self.owners or None)
         parts: list[str] = []  # max-autotune selection-cache parts, merged into torch's file

@@ -36,6 +36,7 @@ ENV_BEFORE = environment_digest()
 #: compile_cache.torch_compat.restored_code: the code generator, lowering and the kernel
 #: modules, and torch._inductor.debug with the scheduler and IR it imports; inductor_backend:
 #: torch.compile's minifier wrapper, after_dynamo, with AOTAutograd's partitioners and networkx;
+#: restored_code: cpp_extension and setuptools for the CPU kernels' command lines;
 #: tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
@@ -47,7 +48,8 @@ COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.dependencies", "torch._inductor.comms", "torch._inductor.memory",
                 "torch._inductor.loop_body", "torch._dynamo.repro.after_aot",
                 "torch._dynamo.repro.after_dynamo", "torch._dynamo.testing",
-                "torch._functorch.aot_autograd", "torch._functorch.partitioners", "networkx")
+                "torch._functorch.aot_autograd", "torch._functorch.partitioners", "networkx",
+                "torch.utils.cpp_extension", "setuptools")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 

@@ -441,7 +441,7 @@ KV_CACHE = """
 from transformers import DynamicCache, PretrainedConfig
 
 def new_cache():  # as generate() makes one: a layer per block, from the model's config
-    return DynamicCache(config=PretrainedConfig(num_hidden_layers=1))
+    return DynamicCache(config=PretrainedConfig(num_hidden_layers={blocks}))
 
 MODE = "{mode}"
 
@@ -461,7 +461,7 @@ class Block(nn.Module):
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList([Block(0)])
+        self.blocks = nn.ModuleList([Block(i) for i in range({blocks})])
 
     def forward(self, x, cache):
         for block in self.blocks:
@@ -476,27 +476,51 @@ def case_kv_cache_global() -> None:
     setting set at run time on the fresh node: its cache calls precompile (entry ``__cache``),
     and the fresh node must not install the publisher's graphs. A prefill of 3 tokens, then a
     decode step of 1."""
-    with Case("kv_cache_global") as c:
-        mod = module("kv_cache_global", KV_CACHE.format(mode="tanh"))
+    kv_cache_case("kv_cache_global", 1)
+
+
+def kv_cache_case(name: str, blocks: int) -> None:
+    """KV_CACHE with ``blocks`` blocks: a prefill of 3 tokens, then a decode step of 1; the
+    record says how the group's cache calls went (``cache_calls``: traced update, layer view,
+    eager update)."""
+    with Case(name) as c:
+        mod = module(name, KV_CACHE.format(mode="tanh", blocks=blocks))
         if LOAD:
             mod.MODE = "sigmoid"
         torch.manual_seed(0)
         model = mod.Model()
         ref = copy.deepcopy(model)
         c.compile(model)
-        x = torch.randn(1, 1, 4, D, generator=torch.Generator().manual_seed(3))
+        # (new tensors, not slices of one: their strides are those of a block's output, so the
+        # second block does not recompile for a stride)
+        g = torch.Generator().manual_seed(3)
+        prompt, step = torch.randn(1, 1, 3, D, generator=g), torch.randn(1, 1, 1, D, generator=g)
         got_cache, want_cache = mod.new_cache(), mod.new_cache()
         with torch.no_grad():
-            c.check("prefill", model(x[:, :, :3], got_cache), ref(x[:, :, :3], want_cache))
-            c.check("decode", model(x[:, :, 3:], got_cache), ref(x[:, :, 3:], want_cache))
-            c.check("cache", got_cache.layers[0].keys, want_cache.layers[0].keys)
+            c.check("prefill", model(prompt, got_cache), ref(prompt, want_cache))
+            c.check("decode", model(step, got_cache), ref(step, want_cache))
+            c.check("cache", torch.cat([layer.keys for layer in got_cache.layers]),
+                    torch.cat([layer.keys for layer in want_cache.layers]))
+        runner = model.blocks[0]._compiled_call_impl  # None: one block, compiled as a part
+        calls = None if runner is None else runner.state.cache_calls
+        if calls is not None:
+            c.rec["cache_calls"] = [calls.traced_update_calls, calls.view_calls,
+                                    calls.eager_update_calls]
+
+
+def case_kv_cache_group() -> None:
+    """Two identical blocks (a group: the cache update is traced into the graph, one entry per
+    block, issue 35) read the module-level setting of KV_CACHE, set at run time on the fresh
+    node: none of the publisher's graphs (two prefill entries, the decode step's through the
+    layer view) may run there."""
+    kv_cache_case("kv_cache_group", 2)
 
 
 CASES = ["global_edited", "global_runtime", "global_numbers", "global_enum", "shared_module",
          "config_default", "class_attr_edited", "class_attr_runtime", "base_class",
          "override_added", "rebound_class_function", "two_graphs", "direct_call_after_patch",
          "mode_default", "mode_max_autotune", "stored_builtin", "stored_function", "stored_same",
-         "kv_cache_global"]
+         "kv_cache_global", "kv_cache_group"]
 
 if __name__ == "__main__":
     for name in (sys.argv[3].split(",") if len(sys.argv) > 3 else CASES):

@@ -175,11 +175,27 @@ def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]:
-    """Runs tests/SCRIPT on ``node`` (:func:`fresh_node_env`); its last ``RESULT {json}`` line."""
+def publisher_env(machine: Path, own: Path, **extra: str) -> dict[str, str]:
+    """The environment of a publisher that must compile cold, on the build machine ``machine``
+    (the ``build_machine`` fixture): the machine's TMPDIR, HOME and XDG_CACHE_HOME, so torch's
+    precompiled header is built once per run, not once per publisher (it lives under the temp
+    dir, outside the Inductor dir), and Inductor and Triton dirs of its own under ``own``, so no
+    other publisher's local cache serves its graphs and torch's ISA probe runs in it as on a new
+    machine."""
+    own = Path(os.path.realpath(own))
+    return fresh_node_env(machine, TORCHINDUCTOR_CACHE_DIR=str(own / "inductor"),
+                          TRITON_CACHE_DIR=str(own / "triton"), **extra)
+
+
+def run_child(script: str, node: Path, *args: str, own: Path | None = None,
+              **env: str) -> dict[str, Any]:
+    """Runs tests/SCRIPT on ``node`` (:func:`fresh_node_env`); its last ``RESULT {json}`` line.
+    With ``own``, ``node`` is the build machine and the child a cold publisher with local cache
+    dirs of its own under ``own`` (:func:`publisher_env`)."""
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name(script)), *args],
-        env=fresh_node_env(node, **env), capture_output=True, text=True, timeout=900,
+        env=fresh_node_env(node, **env) if own is None else publisher_env(node, own, **env),
+        capture_output=True, text=True, timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -187,14 +203,45 @@ def run_child(script: str, node: Path, *args: str, **env: str) -> dict[str, Any]
     return json.loads(line[len("RESULT "):])
 
 
+def shared_by_workers(tmp_path_factory: pytest.TempPathFactory, name: str,
+                      produce: Callable[[Path], Any]) -> Any:
+    """The value of a session fixture made once per test run, not once per pytest-xdist worker.
+
+    ``make test`` runs two workers (``-n 2 --dist loadfile``), each a pytest session of its own,
+    so a session fixture that several test files use was made in both (a cold Inductor compile
+    in a child process each time). The first worker to ask runs ``produce(directory)`` under a
+    lock, in a directory under the run's shared temp root, and writes its JSON-able result
+    there; the other waits for the lock and reads it. A ``produce`` that raises writes nothing
+    (the next worker to ask runs it again, and fails on its own). Without xdist: ``produce``
+    in a fresh temp dir, as before."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return produce(tmp_path_factory.mktemp(name))
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # pytest-<n>: the workers' temp dirs are in it
+    result = root / f"shared-{name}.json"
+    with open(root / f"shared-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if result.is_file():
+            return json.loads(result.read_text())
+        directory = root / f"shared-{name}"
+        if directory.exists():  # a produce that raised, in the other worker
+            shutil.rmtree(directory)
+        directory.mkdir()
+        value = produce(directory)
+        result.write_text(json.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
 def build_machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One node for every publishing process of the session (:func:`fresh_node_env` of it), as
+    """One node for every publishing process of the test run (:func:`fresh_node_env` of it), as
     a CI runner builds on one machine: its TMPDIR, HOME and Inductor dirs are shared, so torch's
-    precompiled header and ISA probe are built once per session, not once per publisher (8-15 s
-    each). Only a node that restores must be fresh. A publisher that must compile cold (not be
-    served by torch's local cache) compiles models no other publisher here compiles."""
-    return tmp_path_factory.mktemp("build-machine")
+    precompiled header and ISA probe are built once per run, not once per publisher (8-15 s
+    each) or per xdist worker (:func:`shared_by_workers`). Only a node that restores must be
+    fresh. A publisher that must compile cold (not be served by torch's local cache) compiles
+    models no other publisher here compiles, or runs with an Inductor dir of its own."""
+    return Path(shared_by_workers(tmp_path_factory, "build-machine", str))
 
 
 def run_records(child: Path, node: Path, store: Path, phase: str, tag: str,
@@ -226,9 +273,12 @@ def run_mlp_child(local: Path, *args: str, **env: str) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def mlp_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     """One real Inductor compile of a tiny MLP in fresh dirs, captured: (its result, pack pickle)."""
-    base = tmp_path_factory.mktemp("mlp_capture")
-    pack = base / "pack.pkl"
-    return run_mlp_child(base / "node", "capture", str(pack)), pack
+    def produce(base: Path) -> list[Any]:
+        pack = base / "pack.pkl"
+        return [run_mlp_child(base / "node", "capture", str(pack)), str(pack)]
+
+    result, pack = shared_by_workers(tmp_path_factory, "mlp_capture", produce)
+    return result, Path(pack)
 
 
 # -- the CLI tests (tests/test_cli_*.py) -------------------------------------------------------
@@ -248,11 +298,14 @@ def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     """A store populated by one real cold ``warm`` (Inductor) in a subprocess, and its --json."""
     from _cli_helpers import TARGET, run_cli
 
-    tmp = tmp_path_factory.mktemp("warmed")
-    store = tmp / "store"
-    proc = run_cli(tmp, "warm", TARGET, "--cache-dir", str(store), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return store, json.loads(proc.stdout)
+    def produce(tmp: Path) -> list[Any]:
+        store = tmp / "store"
+        proc = run_cli(tmp, "warm", TARGET, "--cache-dir", str(store), "--json")
+        assert proc.returncode == 0, proc.stderr
+        return [str(store), json.loads(proc.stdout)]
+
+    store, data = shared_by_workers(tmp_path_factory, "warmed", produce)
+    return Path(store), data
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@ TMPDIR, HOME, XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), so not
   once (the backward must reach the store without a later forward);
 * fresh nodes then run the forward, or the training step, from that store;
 * node A again, now warm, publishes into an EMPTY store, and a fresh node runs from that one.
+
+The publishers in one process (two models; ten edits) check nothing about the header: they run
+on the build machine (conftest.publisher_env: its header, local cache dirs of their own).
 """
 
 from __future__ import annotations
@@ -115,9 +118,11 @@ def test_warm_local_publisher_fills_an_empty_store_that_a_fresh_node_hits(nodes:
 
 
 @pytest.fixture(scope="session")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def one_process(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict:
+    """Two models and more in one process: a publisher on the build machine, with local cache
+    dirs of its own (conftest.publisher_env: its ISA probe runs, its graphs compile cold)."""
     tmp = tmp_path_factory.mktemp("one_process")
-    result = run_child("_use_child.py", tmp / "node", "two", str(tmp / "stores"))
+    result = run_child("_use_child.py", build_machine, "two", str(tmp / "stores"), own=tmp / "node")
     drop_precompiled_headers(tmp)
     return result
 
@@ -157,10 +162,13 @@ EDITS = 10
 
 
 @pytest.fixture(scope="session")
-def edited(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def edited(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict:
+    """Ten jobs of an edited model in one publishing process (on the build machine, with local
+    cache dirs of its own), then a fresh node with the last edit."""
     tmp = tmp_path_factory.mktemp("edited")
     store = tmp / "store"
-    jobs = run_child("_use_child.py", tmp / "node", "edits", str(store), str(EDITS))["jobs"]
+    jobs = run_child("_use_child.py", build_machine, "edits", str(store), str(EDITS),
+                     own=tmp / "node")["jobs"]
     before = Store(store).entries()[0].packs
     selection = generations.select(before)
     fresh = run_child("_use_child.py", tmp / "fresh", "last", str(store), str(EDITS))

@@ -443,3 +443,14 @@ def test_store_commands_import_no_torch(command: list[str], archive: tuple[Path,
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "compile_cache.cli.store_cmds" in modules
     assert _torch_modules(modules) == []
+
+
+def test_run_imports_no_torch_in_its_own_process(tmp_path: Path) -> None:
+    """``run`` checks its name and starts the command: torch is imported by the command (through
+    its sitecustomize) when it is Python, never by ``run``'s own process (a second torch import
+    per start). ``-X importtime`` is not passed on to the command."""
+    done, modules = _imported_modules(["-m", "compile_cache", "run", "--name", "n", "--cache-dir",
+                                       str(tmp_path / "store"), "--", "true"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "compile_cache.cli.run" in modules  # the check sees what was imported
+    assert _torch_modules(modules) == []

@@ -203,3 +203,28 @@ def test_kv_cache_calls_traced_into_the_graph_prove_their_values_on_a_fresh_node
     assert group["reason"].startswith("2 restored graph(s) not installed"), group
     assert "MODE is str:'sigmoid' here but the graph was traced with str:'tanh'" in group["reason"]
     assert load["frames_traced"] == 2
+
+
+def test_a_groups_kv_cache_calls_one_entry_per_block_prove_their_values_on_a_fresh_node(
+    nodes: dict[str, Any],
+) -> None:
+    """Two identical blocks called with a KV cache (a group: its prefill traces the cache update
+    into the graph, one entry per block, issue 35; its decode step goes through the layer view
+    that prefill proved). The fresh node set the module-level setting the graphs read to another
+    value: none of the publisher's three graphs may run there."""
+    publish, load = nodes["publish"]["kv_cache_group"], nodes["load"]["kv_cache_group"]
+    for case in (publish, load):
+        _matches_eager(case)
+        assert set(case["diffs"]) == {"prefill", "decode", "cache"} and case["warnings"] == []
+        # traced update (the prefill, per block), layer view (the decode step), no eager update
+        assert case["cache_calls"] == [2, 2, 0], case["cache_calls"]
+        assert case["frames_traced"] == 3  # prefill: one per block; decode: one for both
+    groups = {g["label"].rsplit("(", 1)[-1]: g for g in _groups(publish)}
+    assert groups["KV-cache calls)"]["status"] == groups["decode steps)"]["status"] == "new", groups
+    groups = {g["label"].rsplit("(", 1)[-1]: g for g in _groups(load)}
+    cache, decode = groups["KV-cache calls)"], groups["decode steps)"]
+    assert load["dynamo_cache_hits"] == 0, load
+    assert cache["status"] == "new" and cache["reason"].startswith("2 restored graph(s) not installed")
+    assert decode["status"] == "new" and decode["reason"].startswith("1 restored graph(s) not installed")
+    for group in (cache, decode):
+        assert "MODE is str:'sigmoid' here but the graph was traced with str:'tanh'" in group["reason"]

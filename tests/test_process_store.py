@@ -97,15 +97,18 @@ def test_sitecustomize_chains_the_existing_one_and_exit_code(tmp_path: Path) -> 
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
     env = fresh_node_env(tmp_path / "node")
     env["PYTHONPATH"] = str(theirs) + ":" + env["PYTHONPATH"]
-    code = ("import os, sys; m = sys.modules.get('compile_cache.process_store'); "
-            "print(os.environ.get('THEIRS_RAN'), m is not None and m.enabled()); "
+    # the store is enabled when the program imports torch, not before: a process that never
+    # does (torch's ISA-probe child) imports nothing of ours
+    code = ("import os, sys; before = sorted({'torch', 'compile_cache.process_store'} & set(sys.modules)); "
+            "import torch; m = sys.modules.get('compile_cache.process_store'); "
+            "print(os.environ.get('THEIRS_RAN'), before, m is not None and m.enabled()); "
             "raise SystemExit(7)")
     done = subprocess.run(
         [sys.executable, "-m", "compile_cache", "run", "--cache-dir", str(tmp_path / "store"),
          "--name", "chain", "--", sys.executable, "-c", code],
         env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 7, done.stderr[-3000:]  # run's exit code is the child's
-    assert done.stdout.split() == ["1", "chain"]
+    assert done.stdout.split() == ["1", "[]", "chain"]
 
 
 def test_run_bad_name_and_child_env(tmp_path: Path) -> None:

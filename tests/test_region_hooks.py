@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from _region_models import Block, SeqModel
-from conftest import fresh_node_env
+from conftest import fresh_node_env, publisher_env
 from torch.nn.modules.module import register_module_forward_hook
 
 from compile_cache import compile_regions
@@ -151,12 +151,16 @@ def test_a_retrace_with_the_hooks_stays_compiled(counting_backend):
 # ------------------------------------------------- two processes, Inductor, with and without precompile
 
 
-def _start(root: Path, store: Path, phase: str, precompile: bool) -> subprocess.Popen:
+def _start(root: Path, store: Path, phase: str, precompile: bool,
+           machine: Path | None = None) -> subprocess.Popen:
+    """The child on the fresh node ``root``; with ``machine`` (conftest.build_machine), a
+    publisher on that build machine with local cache dirs of its own under ``root``."""
+    path = os.pathsep.join([str(CHILD.parent), str(CHILD.parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = (fresh_node_env(root, PYTHONPATH=path) if machine is None
+           else publisher_env(machine, root, PYTHONPATH=path))
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(store), phase, "1" if precompile else "0"],
-        env=fresh_node_env(root, PYTHONPATH=os.pathsep.join(
-            [str(CHILD.parent), str(CHILD.parents[1]), os.environ.get("PYTHONPATH", "")])),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
@@ -169,14 +173,17 @@ def _result(proc: subprocess.Popen) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[bool, str], dict[str, Any]]:
-    """Per precompile setting: a publisher fills a store, then a fresh node restores from it.
-    Both settings run side by side, so the Inductor compiles are paid once."""
+def nodes(tmp_path_factory: pytest.TempPathFactory,
+          build_machine: Path) -> dict[tuple[bool, str], dict[str, Any]]:
+    """Per precompile setting: a publisher fills a store (on the build machine, with local
+    cache dirs of its own), then a fresh node restores from it. Both settings run side by side."""
     tmp = tmp_path_factory.mktemp("hooks")
     settings = (True, False)
     results = {}
     for phase, node in (("publish", "node-a"), ("load", "node-b")):
-        procs = {p: _start(tmp / f"{node}-{int(p)}", tmp / f"store-{int(p)}", phase, p) for p in settings}
+        machine = build_machine if phase == "publish" else None
+        procs = {p: _start(tmp / f"{node}-{int(p)}", tmp / f"store-{int(p)}", phase, p, machine)
+                 for p in settings}
         for p, proc in procs.items():
             results[(p, phase)] = _result(proc)
     return results

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from _store_helpers import craft_pack
-from conftest import drop_precompiled_headers, fresh_node_env
+from conftest import drop_precompiled_headers, fresh_node_env, publisher_env
 
 import compile_cache
 from compile_cache import session
@@ -33,10 +33,12 @@ from compile_cache.store import Store
 CHILD = Path(__file__).with_name("_cache_child.py")
 
 
-def _start(tmp: Path, store: Path, *args: str) -> dict:
-    """One job start in a fresh process on a fresh node (new TMPDIR, HOME, local cache dirs)."""
+def _start(tmp: Path, store: Path, *args: str, machine: Path | None = None) -> dict:
+    """One job start in a fresh process on a fresh node (new TMPDIR, HOME, local cache dirs);
+    with ``machine``, a cold publisher on that build machine (conftest.publisher_env: its own
+    local cache dirs, the machine's temp dir and torch's precompiled header there)."""
     local = Path(os.path.realpath(tmp)) / f"node-{len(list(tmp.glob('node-*')))}"
-    env = fresh_node_env(local)
+    env = fresh_node_env(local) if machine is None else publisher_env(machine, local)
     done = subprocess.run(
         [sys.executable, str(CHILD), str(store), *args],
         env=env, capture_output=True, text=True, timeout=600, check=False,
@@ -46,15 +48,17 @@ def _start(tmp: Path, store: Path, *args: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def new_node(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A cold start that publishes, then a start on a new node with the same store."""
+def new_node(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict:
+    """A cold start that publishes (on the build machine, with local cache dirs of its own),
+    then a start on a new node with the same store."""
     tmp = tmp_path_factory.mktemp("new_node")
     store = tmp / "store"
-    cold = _start(tmp, store, "2", "64", "float32")
+    cold = _start(tmp, store, "2", "64", "float32", machine=build_machine)
     warm = _start(tmp, store, "2", "64", "float32")
-    changed = _start(tmp, store, "2", "32", "float32")
+    changed = _start(tmp, store, "2", "32", "float32", machine=build_machine)
     drop_precompiled_headers(tmp)
-    return {"store": store, "cold": cold, "warm": warm, "changed": changed, "tmp": tmp}
+    return {"store": store, "cold": cold, "warm": warm, "changed": changed, "tmp": tmp,
+            "machine": build_machine}
 
 
 def test_cold_start_compiles_and_publishes(new_node: dict) -> None:
@@ -97,7 +101,7 @@ def test_changed_shape_is_a_miss_and_compiles_correctly(new_node: dict) -> None:
 
 def test_precompile_start_skips_tracing_and_matches_eager(new_node: dict) -> None:
     tmp, store = new_node["tmp"], new_node["tmp"] / "store-precompile"
-    cold = _start(tmp, store, "2", "64", "float32", "precompile")
+    cold = _start(tmp, store, "2", "64", "float32", "precompile", machine=new_node["machine"])
     warm = _start(tmp, store, "2", "64", "float32", "precompile")
     drop_precompiled_headers(tmp)
     assert cold["report"]["published_packs"] == 1

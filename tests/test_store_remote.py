@@ -418,3 +418,199 @@ def test_one_nodes_local_error_never_deletes_a_good_pack_from_the_bucket(
     assert [dict((n, p.members[n]) for n in p.members) for p in packs] == [MEMBERS]
     for p in packs:
         p.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# a fetch's downloads side by side (issue 39: a fresh node waits for the slowest pack, not the sum)
+# ---------------------------------------------------------------------------------------------
+#: Three packs of one key, largest first (random bytes: zstd cannot shrink them much).
+THREE = [{f"inductor/fxgraph/ab/p{i}": os.urandom(size)} for i, size in enumerate((60_000, 30_000, 10_000))]
+
+
+def _three_packs(s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """``THREE`` published to ``s3_url``; a reader on a new, empty local tier."""
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
+    writer = Store(s3_url)
+    for members in THREE:
+        assert writer.publish(K1, members, compile_seconds=1.0) is not None
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    return Store(s3_url)
+
+
+def _loaded(packs: list) -> list[dict]:
+    out = [dict((n, p.members[n]) for n in p.members) for p in packs]
+    for p in packs:
+        p.close()
+    return sorted(out, key=lambda m: -len(next(iter(m.values()))))
+
+
+def test_a_fetch_downloads_side_by_side_and_its_threads_import_nothing(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from compile_cache.store import compression
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    threads: list[str] = []
+    real = S3Backend.download
+
+    def recording(self, name, out, limit):
+        threads.append(threading.current_thread().name)
+        return real(self, name, out, limit)
+
+    class Watch:  # every module a download thread imports (one not yet in sys.modules)
+        imported: list[tuple[str, str]] = []
+
+        def find_spec(self, name, path=None, target=None):
+            thread = threading.current_thread().name
+            if thread.startswith("compile-cache-get"):
+                self.imported.append((thread, name))
+            return None
+
+    monkeypatch.setattr(S3Backend, "download", recording)
+    compression.zstd.cache_clear()  # the zstd module is looked up again: by the fetch, not a worker
+    watch = Watch()
+    sys.meta_path.insert(0, watch)
+    try:
+        packs = reader.load(K1)
+    finally:
+        sys.meta_path.remove(watch)
+    assert _loaded(packs) == THREE
+    assert watch.imported == []
+    assert len(threads) == 3 and len(set(threads)) == 3  # one each, side by side
+    here = threading.current_thread().name
+    assert here in threads and all(t.startswith("compile-cache-get") for t in threads if t != here)
+    assert not [t for t in threading.enumerate() if t.name.startswith("compile-cache-get")]  # none left
+    stats = reader.stats()
+    assert stats["remote_downloads"] == 3 and stats["remote_errors"] == 0
+    assert (reader.root / "v1" / "entries" / K1[:2] / K1 / "entry.json").is_file()
+
+
+def test_a_failed_get_on_this_thread_is_a_miss(s3_url: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _one_get_fails(s3_url, tmp_path, monkeypatch, 0)  # the largest pack: this thread's
+
+
+def test_a_failed_get_on_a_worker_is_a_miss(s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _one_get_fails(s3_url, tmp_path, monkeypatch, 2)  # the smallest: a worker's
+
+
+def _one_get_fails(s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    """The download of pack ``failing`` (by size, largest first) fails: a miss, counted once,
+    no temp file left; the next start fetches everything."""
+    from compile_cache._paths import is_temp_name
+    from compile_cache.store.backends import RemoteError
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    listing = reader.remote.listing()[K1].packs
+    bad = sorted(listing, key=lambda n: -listing[n])[failing]
+    real = S3Backend.download
+
+    def refusing(self, name, out, limit):
+        if bad in name:
+            out.write(b"partial")
+            raise RemoteError("downloading failed: HTTP 403 AccessDenied")  # as after its tries
+        return real(self, name, out, limit)
+
+    monkeypatch.setattr(S3Backend, "download", refusing)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        packs = reader.load(K1)
+    assert packs == []  # a fault is a miss: nothing of this fetch is put in place
+    messages = store_warnings_of(shown)
+    assert len(messages) == 1 and "treated as a miss" in messages[0], messages
+    stats = reader.stats()
+    assert stats["remote_errors"] == 1 and stats["remote_downloads"] == 0, (stats, messages)
+    assert not [p for p in reader.root.rglob("*") if is_temp_name(p.name)]
+    monkeypatch.setattr(S3Backend, "download", real)
+    assert _loaded(Store(s3_url).load(K1)) == THREE  # the next start fetches what is missing
+
+
+_PREFETCH_CHILD = """
+import json, sys, threading
+from compile_cache.store import Store
+
+imported = []
+
+
+class Watch:  # every module a compile_cache thread imports (one not yet in sys.modules)
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread().name.startswith("compile-cache-"):
+            imported.append(name)
+        return None
+
+
+store = Store(sys.argv[1])
+sys.meta_path.insert(0, Watch())
+started = store.prefetch(sys.argv[2])
+packs = store.load(sys.argv[2])
+print(json.dumps({"started": started, "imported": imported, "packs": len(packs),
+                  "downloads": store.stats()["remote_downloads"]}))
+"""
+
+
+def test_a_prefetch_in_a_fresh_process_imports_nothing_on_its_threads(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing's parsers (XML, dates) are imported on first use: Store.prefetch imports
+    them before its thread starts (a thread that imports can deadlock with the user's imports)."""
+    _three_packs(s3_url, tmp_path, monkeypatch)
+    env = dict(os.environ, COMPILE_CACHE_LOCAL_TIER=str(tmp_path / "fresh"))
+    done = subprocess.run([sys.executable, "-c", _PREFETCH_CHILD, s3_url, K1], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"started": True, "imported": [], "packs": 3, "downloads": 3}
+
+
+def test_a_prefetch_that_fails_is_a_miss_counted_once(s3_url: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from compile_cache.store.backends import RemoteError
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    real = S3Backend.list
+
+    def failing(self, prefix):
+        raise RemoteError("listing failed: HTTP 503 SlowDown")  # as after its tries
+
+    monkeypatch.setattr(S3Backend, "list", failing)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        assert reader.prefetch(K1) is True and reader.prefetch(K1) is False  # one at a time
+        assert reader.load(K1) == []
+    messages = store_warnings_of(shown)
+    assert len(messages) == 1 and "treated as a miss" in messages[0], messages
+    monkeypatch.setattr(S3Backend, "list", real)
+    stats = reader.stats()
+    assert stats["remote_errors"] == 1 and stats["remote_downloads"] == 0
+    assert reader.prefetch(K1) is True and _loaded(reader.load(K1)) == THREE  # the next try
+    assert Store(str(tmp_path / "dir")).prefetch(K1) is False  # a directory store: nothing to start
+
+
+def test_a_loads_bookkeeping_is_written_off_its_thread_and_read_back(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load writes no counters object or use record on the job's thread (a start waits for
+    no bookkeeping PUT); the background publisher writes them, and a listing or stats in the
+    same process (another Store of the URL too) sees them."""
+    import threading
+
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    uses = len(reader.remote.listing()[K1].uses)
+    puts: list[tuple[str, str]] = []
+    real = S3Backend.put
+
+    def recording(self, name, data):
+        puts.append((threading.current_thread().name, name))
+        return real(self, name, data)
+
+    monkeypatch.setattr(S3Backend, "put", recording)
+    packs = reader.load(K1)
+    here = [name for thread, name in puts if thread == threading.current_thread().name]
+    assert _loaded(packs) == THREE and here == []
+    other = Store(s3_url)  # its stats read this process's counters object, written first
+    assert other.stats()["remote_downloads"] == 3
+    assert len(other.remote.listing()[K1].uses) == uses + 1

@@ -13,6 +13,8 @@ that restores everything and imports none of those modules is in tests/test_prec
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import fresh_node_env
 
 from compile_cache.torch_compat import restored_code
 
@@ -220,3 +223,70 @@ def test_a_module_loads_as_torchs_loader_loads_it(tmp_path: Path) -> None:
     a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
     for got, want in zip(ours.call(a, b, c), theirs.call(a, b, c), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_cpp_paths_are_cpp_extensions_own() -> None:
+    """The include and library dirs computed without cpp_extension are the very values torch's
+    functions give (CPU builds; another device is torch's own function), and ``cpp_extension()``
+    is torch's module once it is imported."""
+    from torch.utils import cpp_extension
+
+    for dirs in (True, False):
+        assert restored_code.include_paths("cpu", dirs) == cpp_extension.include_paths("cpu", dirs)
+        assert restored_code.library_paths("cpu", dirs) == cpp_extension.library_paths("cpu", dirs)
+    assert restored_code.include_paths() == cpp_extension.include_paths()
+    assert restored_code.include_paths("mps", False) == cpp_extension.include_paths("mps", False)
+    assert restored_code.library_paths("mps") == cpp_extension.library_paths("mps")
+    assert restored_code.cpp_extension() is cpp_extension
+    assert restored_code.cpp_extension_paths() == (cpp_extension.include_paths, cpp_extension.TORCH_LIB_PATH)
+    assert restored_code._probe_cpp_paths() is None
+
+
+def test_install_swaps_the_cpp_builders_readers_and_uninstall_gives_them_back() -> None:
+    from torch._inductor import cpp_builder
+
+    was = restored_code.installed()
+    functions = [cpp_builder._get_torch_related_args, cpp_builder.get_cpp_torch_device_options]
+    try:
+        restored_code.uninstall()
+        torchs = [f.__code__ for f in functions]
+        assert restored_code.install() and restored_code.install()
+        assert all(f.__code__ is not code for f, code in zip(functions, torchs, strict=True))
+        assert [f.__code__.co_firstlineno for f in functions] == [c.co_firstlineno for c in torchs]
+        restored_code.uninstall()
+        assert [f.__code__ for f in functions] == torchs
+    finally:
+        if was:
+            restored_code.install()
+
+
+CPP_COMMAND_LINES = """
+import json, sys
+import torch
+from compile_cache.torch_compat import restored_code
+from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+def command_line():
+    options = CppTorchDeviceOptions(device_type="cpu")
+    return CppBuilder(name="o", sources="i", BuildOption=options).get_command_line()
+
+assert restored_code.install()
+ours = command_line()
+imported = [m for m in ("torch.utils.cpp_extension", "setuptools") if m in sys.modules]
+restored_code.uninstall()
+theirs = command_line()
+print(json.dumps({"same": ours == theirs, "ours": imported,
+                  "torchs": [m for m in ("torch.utils.cpp_extension", "setuptools") if m in sys.modules]}))
+"""
+
+
+def test_a_kernels_command_line_is_torchs_without_cpp_extension(tmp_path: Path) -> None:
+    """A fresh process: the CPU kernel command line (the key of a restored kernel's ``.so``) is
+    byte for byte torch's, built without importing cpp_extension and setuptools; torch's own
+    function imports both (the check can fail)."""
+    done = subprocess.run([sys.executable, "-c", CPP_COMMAND_LINES], env=fresh_node_env(tmp_path / "node"),
+                          capture_output=True, text=True, timeout=300, check=False,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "ours": [], "torchs": ["torch.utils.cpp_extension", "setuptools"]}

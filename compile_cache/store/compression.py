@@ -15,6 +15,7 @@ Python has it (3.14+), else ``backports.zstd`` (the same module).
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable
 from typing import IO, Any
@@ -45,8 +46,10 @@ SUFFIX = ".zst"
 FRAME_HEADER_MAX = 18
 
 
+@functools.cache
 def zstd() -> Any:
-    """The zstd module: ``compression.zstd`` (Python 3.14+), else ``backports.zstd``."""
+    """The zstd module: ``compression.zstd`` (Python 3.14+), else ``backports.zstd`` (looked up
+    once: a download's worker thread calls this, and must not import)."""
     try:
         from compression import zstd as module  # type: ignore[import-not-found]
     except ImportError:

@@ -296,6 +296,14 @@ class Store:
         """
         return self._ops.load(key)
 
+    def prefetch(self, key: str) -> bool:
+        """On object storage, start bringing ``key``'s packs into the local tier in the
+        background (listing, downloads, expansion: network I/O on a thread that imports
+        nothing), so that the caller's own work overlaps them; the next :meth:`load` of ``key``
+        waits for them and checks every pack as always. True if started; a directory store (or
+        a client that must stay on one thread) has nothing to start."""
+        return isinstance(self._ops, TieredStore) and self._ops.prefetch(check_key(key))
+
     def quarantine(self, pack: PackInfo, reason: str, *, counter: str = "corrupt") -> Path | None:
         """Set ``pack`` aside (a pack its user found unusable: a member restore refused, or a
         library torch could not load): counted under ``counter``, warned once. Returns where it

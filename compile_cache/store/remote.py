@@ -30,17 +30,23 @@ The object names are :class:`~compile_cache.self.local.layout.RemoteLayout`'s.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
 import io
 import logging
 import os
+import threading
 import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, publisher
 from .._paths import temp_path
 from ..errors import CorruptPackError, StoreError
 from . import compression, maintenance
@@ -63,6 +69,9 @@ USE_EVERY = 3600.0
 _LOCAL_ONLY = frozenset({"stored_bytes", "size_recounts", "evictions", "evicted_bytes"})
 #: Packs up to this size are put with If-None-Match from memory; larger ones are streamed.
 _CONDITIONAL_PUT_MAX = 64 << 20
+#: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
+#: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
+PARALLEL_GETS = 4
 
 
 def local_tier_dir(url: str) -> Path:
@@ -89,6 +98,84 @@ def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteT
     return tier, tier.local_root, source
 
 
+@dataclass
+class _Received:
+    """One pack object downloaded (:meth:`RemoteTier._receive`) and not yet checked: its temp
+    files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed pack), the
+    bytes that crossed the network, and what went wrong (``gone``: the object vanished;
+    ``problem``: refused, ``keep``: left in the bucket for readers with larger limits)."""
+
+    name: str
+    obj: str
+    raw: Path
+    tmp: Path
+    size: int = 0
+    gone: bool = False
+    problem: BaseException | None = None
+    keep: bool = False
+
+    def discard(self, fs: Any) -> None:
+        """Remove the temp files (what was renamed into place is gone from here already)."""
+        for path in {self.raw, self.tmp}:
+            with contextlib.suppress(FileNotFoundError):
+                fs.unlink(path)
+
+
+#: Tiers with writes left for later (:meth:`RemoteTier.write_pending`), and the lock that makes
+#: their writes one at a time (a reader that flushes waits for the background's write).
+_pending: weakref.WeakSet[RemoteTier] = weakref.WeakSet()
+_write_lock = threading.Lock()
+#: Guards what count and record_use leave and write_pending takes (held for no request).
+_state_lock = threading.Lock()
+_exit_registered = False
+
+
+def _new_write_lock_in_child() -> None:
+    global _write_lock, _state_lock  # a fork while another thread held one would leave it held
+    _write_lock, _state_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_write_lock_in_child)
+
+
+def write_all_pending(url: str | None = None) -> None:
+    """Write the writes left for later of every tier (of ``url``), now, in this thread: what
+    reads a URL's counters or use records (``stats``, listings) sees this process's own (also
+    a write under way on another thread: it is waited for)."""
+    with _write_lock:
+        pass
+    for tier in list(_pending):
+        if url is None or tier.url == url:
+            tier.write_pending()
+
+
+class _Background:
+    """``fn()`` on a daemon thread of its own; :meth:`result` waits for it, and returns or
+    raises what it did (in a process forked meanwhile, which has no such thread: runs it now)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._pid = os.getpid()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="compile-cache-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._fn()
+        except BaseException as exc:  # raised in the caller's thread, by result()
+            self._error = exc
+
+    def result(self) -> Any:
+        if self._pid != os.getpid():
+            return self._fn()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class RemoteTier:
     """The objects of a store under ``url`` (see the module docstring)."""
 
@@ -106,6 +193,9 @@ class RemoteTier:
         self._used: dict[str, float] = {}
         self._skip: set[tuple[str, str]] = set()  # corrupt packs this process could not set aside
         self._local: StoreParts | None = None
+        self._prefetches: dict[str, _Background] = {}  # key -> the network half, under way
+        self._dirty = False  # counts not written yet (count)
+        self._uses: list[tuple[str, str]] = []  # use objects not written yet (record_use)
 
     def attach(self, local: StoreParts) -> None:
         """Work with the local tier ``local`` (its files, counters and pack checks): done once,
@@ -135,30 +225,44 @@ class RemoteTier:
         return self.layout.entries(listing).get(key)
 
     # -- what a job does ---------------------------------------------------------------------
+    def prefetch(self, key: str) -> bool:
+        """Start bringing ``key``'s packs over in the background: the listing, the downloads
+        and their expansion into temp files run on a thread of their own while the caller goes
+        on (a start imports torch's code cache meanwhile); the next :meth:`fetch` of ``key``
+        waits for them, then checks each pack and puts it in place, in the caller's thread. True if
+        started: only with a backend whose requests may run on other threads
+        (:attr:`~.backends.base.RetryingBackend.parallel`). Every module the thread uses is
+        imported here, first: a thread that imports can deadlock with the user's own imports."""
+        if not getattr(self.backend, "parallel", False) or key in self._prefetches:
+            return False
+        self.backend.preload()
+        compression.zstd()
+        self._prefetches[key] = _Background(functools.partial(self._gather, key))
+        return True
+
     def fetch(self, key: str, *, strict: bool = False) -> int:
         """Download the packs of ``key`` the local tier lacks, each checked before it is put in
-        place; returns the bytes downloaded. A fault is a miss (``strict``: raises)."""
+        place; returns the bytes downloaded. A fault is a miss (``strict``: raises).
+
+        The network half (:meth:`_gather`: one listing, then the packs and ``entry.json`` side
+        by side) is the one :meth:`prefetch` started, if it did; each pack is checked and put
+        in place here, in the calling thread."""
+        moved = stored = downloaded = 0
+        started = self._prefetches.pop(key, None)
         try:
-            entry = self._entry(key)
-            if entry is None:
+            gathered = started.result() if started is not None else self._gather(key)
+            if gathered is None:
                 return 0
-            present = {p.stem for p in self.local.layout.pack_paths(key)}
-            missing = [n for n in entry.packs if n not in present and (key, n) not in self._skip]
-            if not missing:
-                return 0
-            self.local.fs.mkdirs(self.local.layout.packs_dir(key))
-            local_json = self.local.layout.entry_json(key)
-            if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
-                data = self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
-                if data is not None and json_object(data)[0] is not None:
-                    self.local.fs.write(local_json, data, fsync=False)
-            moved = stored = downloaded = 0
-            for name in missing:
-                size = self._download(key, name, self.layout.pack_object_of(entry, name))
-                if size:
-                    moved += size
-                    stored += self.local.layout.pack_path(key, name).stat().st_size
-                    downloaded += 1
+            results, local_json = gathered
+            for got in results:
+                if isinstance(got, _Received):
+                    size = self._settle(key, got)
+                    if size:
+                        moved += size
+                        stored += self.local.layout.pack_path(key, got.name).stat().st_size
+                        downloaded += 1
+                elif got is not None and json_object(got)[0] is not None:  # entry.json
+                    self.local.fs.write(local_json, got, fsync=False)
         except RemoteError as exc:
             if strict:
                 raise
@@ -167,47 +271,126 @@ class RemoteTier:
         except OSError as exc:  # the local tier: full, read-only
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
-        if downloaded:
-            # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
-            self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
+        finally:
+            if downloaded:  # also what was put in place before a fault
+                # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
+                self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
         return moved
+
+    def _gather(self, key: str) -> tuple[list[Any], Path] | None:
+        """The network half of :meth:`fetch` (safe on another thread: it imports, counts and
+        warns nothing): list ``key``'s packs and bring those the local tier lacks into temp
+        files (:meth:`_receive`), with ``entry.json`` if the local tier lacks it; (the results,
+        where entry.json goes), or None when nothing is missing. Raises RemoteError or
+        OSError, its temp files removed."""
+        entry = self._entry(key)
+        if entry is None:
+            return None
+        present = {p.stem for p in self.local.layout.pack_paths(key)}
+        missing = [n for n in entry.packs if n not in present and (key, n) not in self._skip]
+        if not missing:
+            return None
+        self.local.fs.mkdirs(self.local.layout.packs_dir(key))
+        local_json = self.local.layout.entry_json(key)
+        # The largest first: it takes longest, and goes on the connection the listing opened.
+        missing.sort(key=lambda n: -entry.packs[n])
+        jobs: list[Callable[[], Any]] = [
+            functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n)) for n in missing]
+        if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
+            jobs.append(functools.partial(self.backend.get, self.layout.entry_json(key), MAX_JSON_BYTES))
+        return self._transfer(jobs), local_json
+
+    def _transfer(self, jobs: list[Callable[[], Any]]) -> list[Any]:
+        """Each job's result, in order. The first job runs in this thread; with a backend that
+        allows it (:attr:`~.backends.base.RetryingBackend.parallel`), the others run meanwhile on
+        at most :data:`PARALLEL_GETS` threads of their own (network I/O and decompression only:
+        they import nothing, see :meth:`prefetch`). When a job raises, the jobs not started are
+        cancelled, the others waited for and their temp files removed, and it is raised."""
+        if len(jobs) < 2 or not getattr(self.backend, "parallel", False):
+            results: list[Any] = []
+            try:
+                for job in jobs:
+                    results.append(job())
+            except BaseException:
+                self._discard(results)
+                raise
+            return results
+        compression.zstd()  # its import, here: never in a worker
+        pool = ThreadPoolExecutor(max_workers=min(PARALLEL_GETS, len(jobs) - 1),
+                                  thread_name_prefix="compile-cache-get")
+        futures = [pool.submit(job) for job in jobs[1:]]
+        first: list[Any] = []
+        try:
+            first.append(jobs[0]())
+            pool.shutdown(wait=True)
+            return first + [future.result() for future in futures]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._discard(first + [f.result() for f in futures
+                                   if not f.cancelled() and f.exception() is None])
+            raise
+
+    def _discard(self, results: list[Any]) -> None:
+        for got in results:
+            if isinstance(got, _Received):
+                got.discard(self.local.fs)
 
     def _download(self, key: str, name: str, obj: str) -> int:
         """One pack object ``obj`` into the local tier (temp file, expanded if compressed,
         checked, fsync, rename); the bytes moved, or 0. The local tier holds packs uncompressed:
         loads read members in place."""
+        return self._settle(key, self._receive(key, name, obj))
+
+    def _receive(self, key: str, name: str, obj: str) -> _Received:
+        """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
+        and counts nothing): ``obj`` into a temp file beside its target, expanded (bounded) into
+        a second one if compressed, fsynced. A problem is returned, not raised, for
+        :meth:`_settle`; RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
         raw = temp_path(target) if obj.endswith(SUFFIX) else tmp
+        got = _Received(name, obj, raw, tmp)
         limit = self.local.checker.limits.max_pack_size
         try:
             with self.local.fs.create(raw) as out:  # in the entry, reached through no link
                 try:
-                    size = self.backend.download(obj, out, limit)
+                    got.size = self.backend.download(obj, out, limit)
                 except FileNotFoundError:
-                    return 0  # evicted meanwhile: a miss for this pack
+                    got.gone = True  # evicted meanwhile: a miss for this pack
+                    return got
                 except TooLargeError as exc:
-                    self._corrupt(key, name, exc, None, obj, keep=True)
-                    return 0
+                    got.problem, got.keep = exc, True
+                    return got
                 out.flush()
                 if raw == tmp:
                     os.fsync(out.fileno())
             if raw != tmp:
-                problem = self._expand(raw, tmp, limit)
-                if problem is not None:
-                    self._corrupt(key, name, problem, raw, obj, keep=isinstance(problem, PackLimitError))
-                    return 0
-            problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
+                got.problem = self._expand(raw, tmp, limit)
+                got.keep = isinstance(got.problem, PackLimitError)
+        except BaseException:
+            got.discard(self.local.fs)
+            raise
+        return got
+
+    def _settle(self, key: str, got: _Received) -> int:
+        """The local half of :meth:`_download`, in the caller's thread: the checks a load makes,
+        then the rename into place (or the pack counted and set aside); the bytes moved, or 0."""
+        try:
+            if got.gone:
+                return 0
+            if got.problem is not None:
+                local = None if isinstance(got.problem, TooLargeError) else got.raw
+                self._corrupt(key, got.name, got.problem, local, got.obj, keep=got.keep)
+                return 0
+            problem = self.local.checker.check_file(self.local.fs, got.tmp, key, got.name)
             if problem is not None:
                 # Over this reader's limits is not broken for every reader: left in place.
-                self._corrupt(key, name, problem, raw, obj, keep=isinstance(problem, PackLimitError))
+                self._corrupt(key, got.name, problem, got.raw, got.obj, keep=isinstance(problem, PackLimitError))
                 return 0
-            self.local.fs.rename(tmp, target)
-            return size
+            self.local.fs.rename(got.tmp, self.local.layout.pack_path(key, got.name))
+            return got.size
         finally:
-            for path in {raw, tmp}:
-                with contextlib.suppress(FileNotFoundError):
-                    self.local.fs.unlink(path)
+            got.discard(self.local.fs)
 
     def _expand(self, raw: Path, tmp: Path, limit: int) -> CorruptPackError | None:
         """Expand the compressed pack ``raw`` into ``tmp`` (bounded: :func:`.compression.decompress`);
@@ -298,29 +481,87 @@ class RemoteTier:
                     self.local.fs.unlink(tmp)
 
     def record_use(self, key: str) -> None:
-        """Append one use object for ``key`` (at most one per process and hour)."""
+        """Append one use object for ``key`` (at most one per process and hour); with a
+        :attr:`~.backends.base.RetryingBackend.parallel` client, written in the background
+        (:meth:`write_pending`): a start waits for no bookkeeping request."""
         now = time.monotonic()
         if self.local.fs.read_only or now - self._used.get(key, -USE_EVERY) < USE_EVERY:
             return
         self._used[key] = now
+        name = self.layout.use_object(key)  # named now: its time is the use's
+        if getattr(self.backend, "parallel", False):
+            with _state_lock:
+                self._uses.append((key, name))
+                _pending.add(self)
+            self._later()
+            return
         try:
-            self.backend.put(self.layout.use_object(key), b"")
+            self.backend.put(name, b"")
         except RemoteError as exc:
             self._fault(f"recording the use of {key[:12]}", exc)
 
     def count(self, delta: dict[str, Any]) -> None:
-        """Add ``delta`` to this process's counters object (its own: no other process writes it)."""
-        add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
+        """Add ``delta`` to this process's counters object (its own: no other process writes it);
+        with a :attr:`~.backends.base.RetryingBackend.parallel` client, written in the
+        background (:meth:`write_pending`), else now."""
+        with _state_lock:
+            add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
         if self.local.fs.read_only:
+            return
+        if getattr(self.backend, "parallel", False):
+            with _state_lock:
+                self._dirty = True
+                _pending.add(self)
+            self._later()
             return
         try:
             self.backend.put(self._stats_object, json_bytes(self._counts))
         except RemoteError as exc:  # kept in memory; the next update writes the totals again
             logger.debug("compile cache %s: counters not written: %s", self.display, exc)
 
+    def _later(self) -> None:
+        """Have :meth:`write_pending` run on the background publisher (once, however many
+        writes wait; at interpreter exit it drains them, and :func:`write_all_pending` runs)."""
+        global _exit_registered
+        queue = publisher.get()
+        if not _exit_registered:  # after the publisher's own: runs before it at exit
+            _exit_registered = True
+            atexit.register(write_all_pending)
+        queue.submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
+
+    def write_pending(self) -> None:
+        """Write what :meth:`count` and :meth:`record_use` left for later: this process's
+        counters object (the totals so far) and the use objects. Any thread; one at a time. A
+        counters write that fails is kept for the next; a use record that fails is counted
+        (``remote_errors``) and logged, not warned: it may end after its job's call returned,
+        and the job's own requests warn of a store that is down."""
+        failed = 0
+        with _write_lock:
+            with _state_lock:
+                dirty, self._dirty = self._dirty, False
+                uses, self._uses = self._uses, []
+                _pending.discard(self)
+                counts = json_bytes(self._counts) if dirty else b""
+            if dirty:
+                try:
+                    self.backend.put(self._stats_object, counts)
+                except RemoteError as exc:
+                    with _state_lock:
+                        self._dirty = True  # the next update writes the totals again
+                    logger.debug("compile cache %s: counters not written: %s", self.display, exc)
+            for key, name in uses:
+                try:
+                    self.backend.put(name, b"")
+                except RemoteError as exc:
+                    failed += 1
+                    logger.debug("compile cache %s: the use of %s not recorded: %s", self.display, key[:12], exc)
+        if failed:
+            self.local.counters.bump(remote_errors=failed)
+
     # -- what maintenance does (faults raise) ----------------------------------------------------
     def listing(self) -> dict[str, RemoteEntry]:
         """Every entry under the URL, by key (one listing)."""
+        write_all_pending(self.url)  # this process's use records, there first
         return self.layout.entries(self.backend.list(self.layout.entries_dir))
 
     def has(self, key: str) -> bool:
@@ -378,6 +619,7 @@ class RemoteTier:
 
     def totals(self) -> dict[str, Any]:
         """Every process's counters object summed (this process's from memory)."""
+        write_all_pending(self.url)
         totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
         totals["errors_by_kind"] = {}
         for full in self.backend.list(self.layout.stats_dir):
@@ -413,11 +655,13 @@ class RemoteTier:
         return totals
 
     def zero(self) -> None:
+        write_all_pending(self.url)
         self._counts = {}
         self.backend.delete(list(self.backend.list(self.layout.stats_dir)))
 
     def objects(self, key: str) -> list[str]:
         """Every object of the entry ``key`` (its packs, entry.json and use records)."""
+        write_all_pending(self.url)
         return list(self.backend.list(self.layout.entry_dir(key)))
 
     def plan_eviction(self, max_size: int | None, older_than: float | None,

@@ -44,6 +44,11 @@ class TieredStore:
         parts.counters.listeners.append(tier.count)  # the URL's counters (this process's object)
         parts.keeper.use_listeners.append(tier.record_use)
 
+    def prefetch(self, key: str) -> bool:
+        """Start bringing ``key``'s packs over in the background (:meth:`RemoteTier.prefetch`);
+        the next load of ``key`` waits for them."""
+        return self.tier.prefetch(check_key(key))
+
     def fetch(self, key: str, *, strict: bool = False) -> int:
         """Bring ``key``'s packs the local tier lacks (see :meth:`RemoteTier.fetch`), then keep
         the local tier within its cap; the bytes downloaded."""

@@ -19,6 +19,7 @@ absolute. Without the capability the replicated rule is used throughout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import logging
@@ -41,6 +42,7 @@ __all__ = [
     "guard_cache_loads",
     "local_dirs",
     "member_name",
+    "preload",
     "read_locked",
     "redirect_header_dir",
 ]
@@ -240,6 +242,16 @@ _load_handlers: list[Callable[[BaseException], bool]] = []
 
 def _handled(exc: BaseException) -> bool:
     return any(handle(exc) for handle in list(_load_handlers))
+
+
+def preload() -> None:
+    """Import torch's code cache module now (quietly: :func:`guard_cache_loads` says whether it
+    works): a restore from object storage overlaps its downloads with this import, which a
+    restore's load guard and a compile both need."""
+    import importlib
+
+    with contextlib.suppress(Exception):
+        importlib.import_module(_CODECACHE)
 
 
 def guard_cache_loads(handler: Callable[[BaseException], bool]) -> bool:

@@ -42,22 +42,40 @@ False)``: the same value whenever the module is imported, and no import needed w
 
 Capability ``inductor.light_restored_code``: without it restored code imports the code
 generator, as torch does.
+
+**The CPU kernels' build keys.** ``CppCodeCache.load_async`` finds a restored kernel's ``.so`` by
+a key over its build command line, and ``cpp_builder._get_torch_related_args`` gets that command
+line's torch include dirs and library dir with ``from torch.utils.cpp_extension import
+include_paths, TORCH_LIB_PATH``: cpp_extension imports setuptools (with distutils, packaging and
+jaraco, ~75 modules) for building extensions, which loading a kernel never does. :func:`install`
+recompiles that function from torch's source with the import line reading
+:func:`cpp_extension_paths` instead: torch's own two names whenever cpp_extension is imported,
+else :func:`include_paths` and the library dir computed as cpp_extension computes them (its file's
+``_TORCH_PATH``; the lines repeated are checked in torch's source, :data:`_CPP_EXTENSION_LINES`),
+so the command lines and keys are torch's. Capability ``inductor.light_cpp_paths``: without it
+the first kernel key imports cpp_extension, as torch does.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import sys
 import threading
+import types
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from . import available, capability, mark_missing
 
-__all__ = ["CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "UnknownSource", "installed", "lighten", "recompile",
-           "uninstall"]
+__all__ = ["CAPABILITY", "CPP_PATHS_CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "UnknownSource",
+           "cpp_extension", "cpp_extension_paths", "include_paths", "installed", "library_paths", "lighten",
+           "recompile", "uninstall"]
 
 CAPABILITY = "inductor.light_restored_code"
+CPP_PATHS_CAPABILITY = "inductor.light_cpp_paths"
 
 _TASKS = "torch._inductor.runtime.compile_tasks"
 _MEMORY_PLANNING = "torch._inductor.codegen.memory_planning"
@@ -98,6 +116,128 @@ _POST_COMPILE = (
 _CALL = (
     ("            torch._inductor.debug.RECORD_GRAPH_EXECUTION\n",
      '            getattr(getattr(torch._inductor, "debug", None), "RECORD_GRAPH_EXECUTION", False)\n'),
+)
+
+
+_CPP_EXTENSION = "torch.utils.cpp_extension"
+#: In ``cpp_builder._get_torch_related_args``: torch's import -> the same two names from here.
+_TORCH_ARGS = (
+    ("    from torch.utils.cpp_extension import include_paths, TORCH_LIB_PATH\n",
+     f'    include_paths, TORCH_LIB_PATH = sys.modules["{__name__}"].cpp_extension_paths()\n'),
+)
+#: In ``cpp_builder.get_cpp_torch_device_options`` (for every device, CPU included): the same.
+_DEVICE_OPTIONS = (
+    ("    from torch.utils import cpp_extension\n",
+     f'    cpp_extension = sys.modules["{__name__}"].cpp_extension()\n'),
+)
+#: What :func:`include_paths` and :func:`cpp_extension_paths` repeat of torch/utils/cpp_extension.py
+#: (torch 2.13), each once in that file: where the torch dir comes from, the library dir, and
+#: the whole of ``include_paths`` and ``library_paths`` (a CPU build reads only their first
+#: branch).
+_CPP_EXTENSION_LINES = (
+    "\n_HERE = os.path.abspath(__file__)\n_TORCH_PATH = os.path.dirname(os.path.dirname(_HERE))\n"
+    "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n",
+    r'''
+def include_paths(device_type: str = "cpu", torch_include_dirs=True) -> list[str]:
+    """
+    Get the include paths required to build a C++ or CUDA or SYCL extension.
+
+    Args:
+        device_type: Defaults to "cpu".
+    Returns:
+        A list of include path strings.
+    """
+    paths = []
+    lib_include = os.path.join(_TORCH_PATH, 'include')
+    if torch_include_dirs:
+        paths.extend([
+            lib_include,
+            # Remove this once torch/torch.h is officially no longer supported for C++ extensions.
+            os.path.join(lib_include, 'torch', 'csrc', 'api', 'include'),
+        ])
+    if device_type == "cuda" and IS_HIP_EXTENSION:
+        paths.append(os.path.join(lib_include, 'THH'))
+        paths.append(_join_rocm_home('include'))
+    elif device_type == "cuda":
+        cuda_home_include = _join_cuda_home('include')
+        # if we have the Debian/Ubuntu packages for cuda, we get /usr as cuda home.
+        # but gcc doesn't like having /usr/include passed explicitly
+        if cuda_home_include != '/usr/include':
+            paths.append(cuda_home_include)
+
+        # Support CUDA_INC_PATH env variable supported by CMake files
+        if (cuda_inc_path := os.environ.get("CUDA_INC_PATH", None)) and \
+                cuda_inc_path != '/usr/include':
+
+            paths.append(cuda_inc_path)
+        if CUDNN_HOME is not None:
+            paths.append(os.path.join(CUDNN_HOME, 'include'))
+    elif device_type == "xpu":
+        paths.append(_join_sycl_home('include'))
+        paths.append(_join_sycl_home('include', 'sycl'))
+    return paths
+
+
+def library_paths(''',
+    r'''
+def library_paths(device_type: str = "cpu", torch_include_dirs: bool = True, cross_target_platform: str | None = None) -> list[str]:
+    """
+    Get the library paths required to build a C++ or CUDA extension.
+
+    Args:
+        device_type: Defaults to "cpu".
+
+    Returns:
+        A list of library path strings.
+    """
+
+    paths = []
+
+    if torch_include_dirs:
+        # We need to link against libtorch.so
+        paths.extend([TORCH_LIB_PATH])
+
+    if device_type == "cuda" and IS_HIP_EXTENSION:
+        lib_dir = 'lib'
+        paths.append(_join_rocm_home(lib_dir))
+        if HIP_HOME is not None:
+            paths.append(os.path.join(HIP_HOME, 'lib'))
+    elif device_type == "cuda":
+        if cross_target_platform == "windows":
+            lib_dir = os.path.join('lib', 'x64')
+            if WINDOWS_CUDA_HOME is None:
+                raise RuntimeError("Need to set WINDOWS_CUDA_HOME for windows cross-compilation")
+            paths.append(os.path.join(WINDOWS_CUDA_HOME, lib_dir))
+        else:
+            if IS_WINDOWS:
+                lib_dir = os.path.join('lib', 'x64')
+            else:
+                lib_dir = 'lib64'
+                if (not os.path.exists(_join_cuda_home(lib_dir)) and
+                        os.path.exists(_join_cuda_home('lib'))):
+                    # 64-bit CUDA may be installed in 'lib' (see e.g. gh-16955)
+                    # Note that it's also possible both don't exist (see
+                    # _find_cuda_home) - in that case we stay with 'lib64'.
+                    lib_dir = 'lib'
+
+            paths.append(_join_cuda_home(lib_dir))
+            if CUDNN_HOME is not None:
+                paths.append(os.path.join(CUDNN_HOME, lib_dir))
+    elif device_type == "xpu":
+        if IS_WINDOWS:
+            lib_dir = os.path.join('lib', 'x64')
+        else:
+            lib_dir = 'lib64'
+            if (not os.path.exists(_join_sycl_home(lib_dir)) and
+                    os.path.exists(_join_sycl_home('lib'))):
+                lib_dir = 'lib'
+
+        paths.append(_join_sycl_home(lib_dir))
+
+    return paths
+
+
+def load(''',
 )
 
 
@@ -154,6 +294,104 @@ def _probe() -> str | None:
         if registration not in text:
             return f"torch no longer registers extern kernel {name!r} as {registration.split(chr(10))[0]!r}"
     return None
+
+
+@capability(
+    CPP_PATHS_CAPABILITY,
+    needs="torch._inductor.cpp_builder._get_torch_related_args (its import of torch.utils."
+    "cpp_extension's include_paths and TORCH_LIB_PATH), and those two as torch/utils/"
+    "cpp_extension.py computes them",
+    breaks="the first CPU kernel key of a start that restores its kernels imports torch.utils."
+    "cpp_extension, and with it setuptools (~75 modules)",
+)
+def _probe_cpp_paths() -> str | None:
+    spec = importlib.util.find_spec(_CPP_EXTENSION)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return f"{_CPP_EXTENSION} has no source file"
+    with open(spec.origin, encoding="utf-8") as f:
+        text = f.read()
+    for lines in _CPP_EXTENSION_LINES:
+        if text.count(lines) != 1:
+            return f"{_CPP_EXTENSION} no longer has {lines.strip().splitlines()[0]!r} as known"
+    for name in ("\n_HERE ", "\n_TORCH_PATH ", "\nTORCH_LIB_PATH ", "\ndef include_paths(", "\ninclude_paths ",
+                 "\ndef library_paths(", "\nlibrary_paths "):
+        if text.count(name) > 1 or "global " + name.split()[-1].rstrip("(") in text:
+            return f"{_CPP_EXTENSION} sets {name.strip()} more than once"
+    try:
+        _cpp_paths_codes()
+    except UnknownSource as exc:
+        return str(exc)
+    return None
+
+
+def _cpp_paths_codes() -> list[tuple[Any, Any]]:
+    """(torch's function, its code recompiled from torch's source with the lines exchanged) for
+    ``cpp_builder._get_torch_related_args`` (:data:`_TORCH_ARGS`) and
+    ``get_cpp_torch_device_options`` (:data:`_DEVICE_OPTIONS`): same file and line numbers."""
+    from torch._inductor import cpp_builder
+
+    if vars(cpp_builder).get("sys") is not sys:
+        raise UnknownSource("torch._inductor.cpp_builder does not import sys")
+    codes = []
+    for name, lines in (("_get_torch_related_args", _TORCH_ARGS),
+                        ("get_cpp_torch_device_options", _DEVICE_OPTIONS)):
+        function = vars(cpp_builder).get(name)
+        if getattr(function, "__module__", None) != cpp_builder.__name__:
+            raise UnknownSource(f"cpp_builder.{name} is not torch's function")
+        codes.append((function, recompile(function, cpp_builder, lines, f"def {name}(")))
+    return codes
+
+
+@functools.cache
+def _torch_path() -> str:
+    """cpp_extension's ``_TORCH_PATH``: the folder above the folder of its file, as the import
+    system would load it (found, not imported)."""
+    spec = importlib.util.find_spec(_CPP_EXTENSION)
+    return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))  # type: ignore[union-attr, arg-type]
+
+
+def include_paths(device_type: str = "cpu", torch_include_dirs: bool = True) -> list[str]:
+    """``torch.utils.cpp_extension.include_paths`` (torch 2.13, :data:`_CPP_EXTENSION_LINES`):
+    computed here for a CPU build, torch's own function for any other device."""
+    if device_type != "cpu":
+        from torch.utils.cpp_extension import include_paths as torchs
+
+        return torchs(device_type, torch_include_dirs)
+    lib_include = os.path.join(_torch_path(), "include")
+    if not torch_include_dirs:
+        return []
+    return [lib_include, os.path.join(lib_include, "torch", "csrc", "api", "include")]
+
+
+def library_paths(device_type: str = "cpu", torch_include_dirs: bool = True,
+                  cross_target_platform: str | None = None) -> list[str]:
+    """``torch.utils.cpp_extension.library_paths`` (torch 2.13, :data:`_CPP_EXTENSION_LINES`):
+    computed here for a CPU build, torch's own function for any other device."""
+    if device_type != "cpu":
+        from torch.utils.cpp_extension import library_paths as torchs
+
+        return torchs(device_type, torch_include_dirs, cross_target_platform)
+    return [os.path.join(_torch_path(), "lib")] if torch_include_dirs else []
+
+
+def cpp_extension() -> Any:
+    """``torch.utils.cpp_extension`` when it is imported, else a namespace of the
+    :func:`include_paths` and :func:`library_paths` here (all ``get_cpp_torch_device_options``
+    reads of it)."""
+    module = sys.modules.get(_CPP_EXTENSION)
+    if module is not None:
+        return module
+    return types.SimpleNamespace(include_paths=include_paths, library_paths=library_paths)
+
+
+def cpp_extension_paths() -> tuple[Callable[..., list[str]], str]:
+    """``(include_paths, TORCH_LIB_PATH)`` of ``torch.utils.cpp_extension``: that module's own
+    when it is imported, else :func:`include_paths` and the same library dir, without importing
+    it."""
+    module = sys.modules.get(_CPP_EXTENSION)
+    if module is not None:
+        return module.include_paths, module.TORCH_LIB_PATH
+    return include_paths, library_paths()[0]
 
 
 class UnknownSource(Exception):
@@ -273,6 +511,8 @@ _lock = threading.Lock()
 _original: Any = None
 #: (torch's function, its own code) for each function whose code :func:`install` exchanged.
 _swapped: list[tuple[Any, Any]] = []
+#: The same for the functions of ``cpp_builder`` that read cpp_extension.
+_cpp_swapped: list[tuple[Any, Any]] = []
 #: Lines exchanged, by the module they did not import (for tests and the report).
 COUNTS: dict[str, int] = {}
 
@@ -318,6 +558,7 @@ def install() -> bool:
     False where torch lacks what it needs."""
     global _original
     with _lock:
+        _install_cpp_paths()
         if _original is not None:
             return True
         if not available(CAPABILITY):
@@ -335,6 +576,21 @@ def install() -> bool:
             mark_missing(CAPABILITY, f"{type(exc).__name__}: {exc}")
             return False
         return True
+
+
+def _install_cpp_paths() -> None:
+    """``cpp_builder``'s two readers of cpp_extension read :func:`cpp_extension_paths` and
+    :func:`cpp_extension` from now on (idempotent; under ``_lock``)."""
+    if _cpp_swapped or not available(CPP_PATHS_CAPABILITY):
+        return
+    try:
+        codes = _cpp_paths_codes()
+    except Exception as exc:  # noqa: BLE001 - a torch that moved it: torch's import
+        mark_missing(CPP_PATHS_CAPABILITY, f"{type(exc).__name__}: {exc}")
+        return
+    for function, code in codes:
+        _cpp_swapped.append((function, function.__code__))
+        function.__code__ = code
 
 
 def install_for(compile_kwargs: dict[str, Any]) -> bool:
@@ -376,4 +632,7 @@ def uninstall() -> None:
             _original = None
         while _swapped:
             function, code = _swapped.pop()
+            function.__code__ = code
+        while _cpp_swapped:
+            function, code = _cpp_swapped.pop()
             function.__code__ = code

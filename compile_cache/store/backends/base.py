@@ -91,6 +91,14 @@ class RetryingBackend:
 
     client = "?"
     why = ""
+    #: Whether a store may call it from several threads at once (a fetch's pack downloads side
+    #: by side): the standard-library clients, whose calls import nothing and hold one
+    #: connection per thread; not fsspec's (a protocol package may import on first use).
+    parallel = False
+
+    def preload(self) -> None:
+        """Import now what a request may import on first use, so that a thread making requests
+        later imports nothing (only for a backend that is :attr:`parallel`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")

@@ -192,6 +192,21 @@ class HttpBackend(RetryingBackend):
     """An :class:`~.base.ObjectBackend`'s HTTP transport and object reads; a client adds how a
     request is addressed and signed (:meth:`_object`), listing, writing and deleting."""
 
+    parallel = True
+
+    def preload(self) -> None:
+        """The modules a request imports on first use: the codec the socket module encodes a
+        host name with (``encodings.idna``), the listings' XML parser (S3, Azure) and date
+        parsers (``datetime.strptime`` imports ``_strptime``; Azure's ``calendar``), and ``ssl``
+        for https."""
+        import _strptime  # noqa: F401
+        import calendar  # noqa: F401
+        import encodings.idna  # noqa: F401
+        import xml.etree.ElementTree  # noqa: F401
+
+        if self._where()[0] == "https":
+            import ssl  # noqa: F401
+
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._local = threading.local()

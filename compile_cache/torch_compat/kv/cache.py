@@ -6,7 +6,7 @@ back to a constant, ``torch/_dynamo/variables/lists.py``), so each traced block 
 ``cache.layers[i]`` and guards on it (``kwargs['cache'].layers[0].is_initialized == False``): N
 identical blocks need N entries per phase, the group hits the recompile limit and decode runs
 uncompiled. The region runner (``regions.py``) therefore calls a block that gets a cache through
-:meth:`.calls.CacheCalls.call`, which takes one of two paths:
+:meth:`.calls.CacheCalls.call`, which takes one of three paths:
 
 * **The eager update** (a graph break). While a region runs (:data:`SCOPE`), ``Cache.update`` and
   the other per-layer cache methods run eagerly (``torch._dynamo.disable``), with
@@ -28,6 +28,23 @@ uncompiled. The region runner (``regions.py``) therefore calls a block that gets
   int arguments changed since the proving call takes the eager update again. After the call the
   view forwards ``update`` to the cache itself, so a view that a block returned is a faithful
   stand-in for the cache. (The view and the call paths: :mod:`.calls`.)
+* **The traced update** (no graph break; with precompile). A group that precompiles runs the
+  calls the view does not serve (the prefill above all) with :data:`SCOPE` off
+  (:func:`run_traced`): Dynamo traces ``update`` into the graph, specialises on the layer index
+  and guards on ``cache.layers[i]``, so the group's precompiled cache-calls function holds one
+  entry per block and phase (the recompile limit allows group size x :data:`PHASES`). The eager
+  update's graph break cannot precompile (its second frame is a resume function, entered with
+  the resume functions of the frames around it, ``__nested_resume_fns``, whose identity its
+  graph relies on and no saved guard can check); this path has no break and no resume
+  function, so a fresh node loads the prefill instead of tracing it. The blocks' FX graphs are
+  identical (the layer index only picks which layer's tensors are the graph's inputs): the
+  publisher pays one Dynamo trace per block, the FX graph cache serves all but the first. It
+  proves the view for the decode steps too: for the caches and layers the view serves, every
+  ``update`` shows (a ``DynamicLayer``'s binds new tensors, a ``StaticLayer``'s adds to its
+  ``cumulative_length``), so the layers that changed during the call are the layers it updated;
+  exactly one is a binding, as one eager ``update`` is (:func:`.calls._updated_layers`). Other
+  caches prove nothing, and their decode steps take this path too (per-block entries). Groups
+  of more than :data:`.calls.TRACED_MAX_BLOCKS` blocks keep the eager update.
 
 The patch is scoped: outside our regions (a user's own ``torch.compile(model.forward)``,
 transformers' compiled decode) Dynamo traces ``update`` into its graph as before (it guards on
@@ -58,15 +75,18 @@ __all__ = [
     "is_cache",
     "recompile_advice",
     "run_in_region",
+    "run_traced",
     "uninstall",
 ]
 
 #: Names transformers gives a block's KV-cache argument (``cache`` since 5.x).
 CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
 #: Compiled entries per block and cache kind where per-block entries remain (the recompile limit
-#: allows group size x PHASES): prefill, the first decode step, and the decode steps after it
-#: (where a DynamicCache's KV length turns dynamic).
-PHASES = 3
+#: allows group size x PHASES): prefill, the prefill of a second prompt length (where the prompt
+#: length turns dynamic), the first decode step, and the decode steps after it (where a
+#: DynamicCache's KV length turns dynamic). The traced update (module doc) keeps the prefill's
+#: per block, and the decode steps' of a cache the view does not serve.
+PHASES = 4
 #: Appended to an eager-run warning of blocks that take a cache, at the recompile limit.
 LIMIT_HINT = (
     " (blocks with a KV cache: each cache kind, batch size and prompt-length pattern adds entries, "
@@ -259,6 +279,18 @@ def run_in_region(fn: Callable[..., Any], args: tuple, kwargs: dict, record: lis
         SCOPE.active = outer
         if record is not None:
             _TLS.record = previous
+
+
+def run_traced(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` with the cache update traced into the graph (the traced update,
+    module doc): :data:`SCOPE` off for the call, though an outer region may have it on, and no
+    nested graph breaks asked for."""
+    outer = SCOPE.active
+    SCOPE.active = False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        SCOPE.active = outer
 
 
 _GUARD_ON_CACHE = re.compile(

@@ -1,6 +1,7 @@
 """How one group's blocks are called with a transformers KV cache: the eager update between two
-graphs, or a view of the one layer a block was proven to update (the paths are described in
-:mod:`.cache`, which patches the Cache classes and holds the scope they read)."""
+graphs, the update traced into the graph (a group that precompiles), or a view of the one layer a
+block was proven to update (the paths are described in :mod:`.cache`, which patches the Cache
+classes and holds the scope they read)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import available
-from .cache import CACHE_ARGUMENTS, install, is_cache, run_in_region
+from .cache import CACHE_ARGUMENTS, install, is_cache, run_in_region, run_traced
 
 log = logging.getLogger("compile_cache")
 
-__all__ = ["CacheCalls", "is_view"]
+__all__ = ["TRACED_MAX_BLOCKS", "CacheCalls", "is_view"]
+
+#: The largest group whose calls the view does not serve take the traced update when the group
+#: precompiles (one entry per block and phase, :mod:`.cache`); a larger group keeps the eager
+#: update (two frames traced at each start, whatever its size). The traced update's costs grow
+#: with the group: the publisher traces one frame per block, a fresh node loads one graph per
+#: block, Dynamo tries a block's call against the entries of the other blocks before its own,
+#: and the recompile limit is the group size x PHASES. 64 covers the usual decoder depths (32 for
+#: 7-8B models) and bounds those costs; it is a judgement, not a measured crossover.
+TRACED_MAX_BLOCKS = 64
 
 
 # -- the layer view ----------------------------------------------------------------------------
@@ -110,6 +120,12 @@ class CacheCalls:
     update again, which proves the binding anew.
     ``use_views = False`` keeps the eager update everywhere (``benchmarks/bench_generate.py``
     compares the two paths).
+
+    The traced update (:mod:`.cache`) is taken instead of the eager update when the runner's
+    compiled call offers one (its ``traced_call`` attribute: the group's precompiled cache-calls
+    function, None once that declined) and ``traced_updates`` (groups of at most
+    :data:`TRACED_MAX_BLOCKS` blocks). It learns bindings for the view from what changed in the
+    cache (:func:`_updated_layers`).
     """
 
     use_views = True
@@ -127,8 +143,11 @@ class CacheCalls:
         #: the dynamic KV length already, and its saved guards expect unmarked tensors (torch
         #: rebuilds the marking guards without the marks), so marking would miss it.
         self.decode_entry_loaded: Callable[[], bool] = _never
+        #: Whether calls the view does not serve may take the traced update (class doc).
+        self.traced_updates = False
         self.view_calls = 0
         self.eager_update_calls = 0
+        self.traced_update_calls = 0
 
     @classmethod
     def for_block(cls, forward: Callable[..., Any]) -> CacheCalls | None:
@@ -156,6 +175,7 @@ class CacheCalls:
         if size < 2 or compile_kwargs.get("fullgraph") or not install():
             return True, None
         calls.attributes = tuple(attributes)
+        calls.traced_updates = size <= TRACED_MAX_BLOCKS
         calls.mark_dynamic &= compile_kwargs.get("dynamic") is not False  # dynamic=False: as asked
         return True, calls
 
@@ -167,7 +187,8 @@ class CacheCalls:
         return kwargs.get(self.name)
 
     def call(self, runner: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``fn(*args, **kwargs)`` for ``runner``'s block, through the view or the eager update."""
+        """``fn(*args, **kwargs)`` for ``runner``'s block, through the view, the traced update
+        (``fn.traced_call``, when offered) or the eager update."""
         cache = self.cache_of(args, kwargs)
         if not is_cache(cache):  # training or scoring (use_cache=False): nothing to do
             return fn(*args, **kwargs)
@@ -183,6 +204,13 @@ class CacheCalls:
                 return run_in_region(fn, args, kwargs)
             finally:
                 view.__dict__["_cc_layer"] = None
+        traced = getattr(fn, "traced_call", None) if self.traced_updates else None
+        if traced is not None:
+            before = _layer_states(cache)
+            out = run_traced(traced, args, kwargs)
+            self.traced_update_calls += 1
+            self._learn(runner, cache, _updated_layers(cache, before), signature)
+            return out
         record: list = []
         out = run_in_region(fn, args, kwargs, record)
         self.eager_update_calls += 1
@@ -244,6 +272,75 @@ class CacheCalls:
         if self.mark_dynamic and type(layer) is dynamic_layer and not self.decode_entry_loaded():
             _mark_kv_length(layer, first.shape[1], args, kwargs)
         return _make_view(cache, layer)
+
+
+def _layer_states(cache: Any) -> list[tuple[Any, ...]] | None:
+    """What a traced update could change in ``cache``: per layer ``(layer, keys, values,
+    is_initialized, length)``, the tensors held (not ids) so that a freed tensor's id cannot come
+    back as a new one's. None unless the cache is exactly a ``DynamicCache`` or ``StaticCache``
+    without offloading whose layers are exactly ``DynamicLayer`` or ``StaticLayer``: the layers
+    whose every ``update`` shows. A ``DynamicLayer``'s binds new ``keys`` and ``values``; a
+    ``StaticLayer``'s writes them in place, which under ``no_grad`` does not even move their
+    version counters when the write is in a compiled graph (AOTAutograd bumps only mutations
+    "seen by autograd"), but always adds the tokens to ``cumulative_length`` (``length``: its
+    value, read with one host copy per device)."""
+    caches, viewable, dynamic_layer = _viewable_types()
+    if type(cache) not in caches or getattr(cache, "offloading", False):
+        return None
+    layers = list(cache.layers)
+    if any(type(layer) not in viewable for layer in layers):
+        return None
+    lengths = _static_lengths([i for i, layer in enumerate(layers) if type(layer) is not dynamic_layer],
+                              layers)
+    if lengths is None:
+        return None
+    return [(layer, layer.keys, layer.values, layer.is_initialized, lengths.get(index))
+            for index, layer in enumerate(layers)]
+
+
+def _static_lengths(indices: list[int], layers: list[Any]) -> dict[int, int] | None:
+    """``cumulative_length`` of the layers at ``indices`` (None when one is neither an int nor
+    a tensor)."""
+    import torch
+
+    out: dict[int, int] = {}
+    by_device: dict[Any, list[int]] = {}
+    for index in indices:
+        length = getattr(layers[index], "cumulative_length", None)
+        if type(length) is int:
+            out[index] = length
+        elif isinstance(length, torch.Tensor) and length.numel() == 1:
+            by_device.setdefault(length.device, []).append(index)
+        else:
+            return None
+    for group in by_device.values():
+        values = torch.stack([layers[i].cumulative_length.reshape(()) for i in group]).tolist()
+        out.update(zip(group, values, strict=True))
+    return out
+
+
+def _updated_layers(cache: Any, before: list[tuple[Any, ...]] | None) -> list[tuple]:
+    """The layers a traced update changed, as the eager update records them (``(cache,
+    "update", index)``): a layer whose tensors, initialisation or length changed, or one
+    appended and initialised. Unprovable (``before`` None, a layer replaced or removed, a layer
+    or cache now of another type): one record with no index, which ends the block's binding, as
+    an eager update of another cache does."""
+    unprovable = [(cache, "update", None)]
+    after = None if before is None else _layer_states(cache)
+    if before is None or after is None or len(after) < len(before):
+        return unprovable
+    changed = []
+    for index, now in enumerate(after):
+        if index >= len(before):
+            if now[3]:  # appended (a cache without a config makes its layers as they are used)
+                changed.append(index)
+            continue
+        then = before[index]
+        if now[0] is not then[0]:
+            return unprovable
+        if now[1] is not then[1] or now[2] is not then[2] or now[3:] != then[3:]:
+            changed.append(index)
+    return [(cache, "update", index) for index in changed]
 
 
 _MISSING = object()
