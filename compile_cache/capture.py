@@ -122,6 +122,13 @@ VIEWS_SUFFIX = "__views"
 CACHE_SUFFIX = "__cache"
 
 
+def group_codes(owners: Sequence[str]) -> list[str]:
+    """The code names of the groups ``owners``: each group's own function and its decode-step
+    (``__views``) and KV-cache-call (``__cache``: the prefill, with the traced update) functions,
+    precompiled or not. Their automatic-dynamic records travel with the group's."""
+    return [*owners, *(owner + suffix for suffix in (VIEWS_SUFFIX, CACHE_SUFFIX) for owner in owners)]
+
+
 def precompile_unit(group: str) -> tuple[str, str]:
     """(scope, slot) of the unit that holds ``group``'s saved Dynamo precompile entry."""
     if group.endswith(VIEWS_SUFFIX):
@@ -217,8 +224,7 @@ def _dynamic_record(owners: Sequence[str], files: Iterable[str] | None = None
     process learned, merged with what it restored), or None when there is none."""
     if not owners:
         return None
-    # a group's decode-step function (the layer view) too, precompiled or not
-    state = dynamic_shapes.snapshot([*owners, *(owner + VIEWS_SUFFIX for owner in owners)], files)
+    state = dynamic_shapes.snapshot(group_codes(owners), files)
     if state is None:
         return None
     return dynamic_shapes.member(owners[0]), state

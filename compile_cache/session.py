@@ -295,7 +295,7 @@ class CacheSession:
     def _explain_partial(self) -> None:
         """The key was in the store, yet this start compiled graphs: why
         (``report.partial_causes``), recorded for ``python -m compile_cache explain``."""
-        owners = [*self.owners, *(owner + capture.VIEWS_SUFFIX for owner in self.owners)]
+        owners = capture.group_codes(self.owners)
         guards = {}
         for code, reasons in list(dynamo.guard_failures().items()):
             name = getattr(code, "co_name", None)

@@ -221,6 +221,55 @@ def test_a_recompile_for_other_arguments_carries_no_decision(counting_backend):
     assert dynamic_shapes.summary(kept) == dynamic_shapes.summary(grown), kept
 
 
+class _Masked(nn.Module):
+    """Two towers (one group) called with a mask, or without one (another path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.towers = nn.ModuleList([_Tower(), _Tower()])
+
+    def forward(self, x: torch.Tensor, masked: bool) -> torch.Tensor:
+        with torch.no_grad():  # the second tower's input requires no grad either: one entry
+            for tower in self.towers:
+                x = tower(x=x, mask=torch.zeros(x.shape[1], 8)) if masked else tower(x=x)
+        return x
+
+
+@pytest.mark.filterwarnings("ignore::compile_cache.regions.RegionRecompileWarning")
+def test_a_decision_of_the_first_compile_travels_whatever_recompiles_follow(counting_backend):
+    """A precompiled group's ``__cache`` function on node 2: its first compile (a new prompt
+    length against the restored record's) is dynamic, its next block's call recompiles on a path
+    guard (the cache's ``is_initialized``). The first compile's decision came from a new size: it
+    travels; what a path recompile alone would decide does not."""
+    model = _Masked()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    model(torch.randn(1, 7, 8), True)
+    record = dynamic_shapes.snapshot(_owners(model))
+    assert dynamic_shapes.summary(record) == {} and record is not None  # one length: static 7
+    torch._dynamo.reset()
+    counting_backend.graphs.clear()
+    assert dynamic_shapes.install(record) == 0
+    model = _Masked()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    model(torch.randn(1, 9, 8), True)  # a new length: the first compile is dynamic
+    model(torch.randn(1, 9, 8), False)  # another path: a recompile, not for a size
+    assert [counting_backend.is_symbolic(gm) for gm in counting_backend.graphs] == [True, True]
+    state = dynamic_shapes.snapshot(_owners(model))
+    ((code, inputs),) = dynamic_shapes.summary(state).items()
+    assert code.startswith("region__Tower_") and "L['kwargs']['x'] (dim 1)" in inputs, state
+    # without the restored record the same calls compile static, then dynamic for the path:
+    # that decision stays here (the CLIP rule)
+    torch._dynamo.reset()
+    counting_backend.graphs.clear()
+    model = _Masked()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    model(torch.randn(1, 9, 8), True)
+    model(torch.randn(1, 7, 8), False)
+    assert [counting_backend.is_symbolic(gm) for gm in counting_backend.graphs] == [False, True]
+    assert dynamic_shapes.summary(dynamic_shapes.snapshot(_owners(model))) == {}
+
+
 def test_shape_reasons_are_size_changes_only():
     assert dynamic_shapes.shape_reason("0/0: tensor 'args[0]' size mismatch at index 1. expected 7, actual 9")
     assert dynamic_shapes.shape_reason("0/1: 2 <= args[0].size()[1]  # x.shape[1] (_dynamo/x.py:3)")
@@ -266,7 +315,8 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
     Node 1 (the session's build machine: a publisher, it restores nothing) compiles static
     graphs and publishes what it saw; node 2 (fresh, as are 3 and 4) restores that, sees another
     length, so compiles the dynamic graphs and publishes them with the merged record; nodes 3
-    and 4 compile those same graphs: FX-graph hits only.
+    and 4 compile nothing: their blocks' calls with the cache (the prefill, issue 35's traced
+    update: the group's ``__cache`` function) run the dynamic entries node 2 published.
 
     A generate() prefill and forwards at new lengths after a warm over a range, in the same
     processes, on a tiny Qwen2 (another key, other code objects, so nothing the generates
@@ -290,7 +340,8 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
         assert nodes[16][arch]["fx_misses"] > 0 and nodes[10][arch]["restored_packs"] > 0
         for length in (12, 24):
             got = nodes[length][arch]
-            assert got["fx_misses"] == 0 and got["fx_hits"] > 0, (length, arch, got)
+            loaded = {g for g, status in got["precompile_groups"].items() if status == "loaded"}
+            assert got["fx_misses"] == 0 and any(g.endswith("__cache") for g in loaded), (length, arch, got)
             # the regions' record said which dimensions vary: the prompt length
             dims = [d for inputs in got["dynamic_inputs"].values() for d in inputs]
             assert any("L['args'][0] (dim 1)" == d for d in dims), got["dynamic_inputs"]
@@ -306,15 +357,16 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
     assert warm["fx_misses"] > 0 and not warm["errors"], warm  # the store lacked these graphs
     # the prefill at a length the warm never ran: the warm's dynamic graphs, from the store
     assert prefill["equal"] == [True] and not prefill["errors"], prefill
-    assert prefill["restored_packs"] > 0 and prefill["fx_misses"] == 0 and prefill["fx_hits"] > 0, prefill
+    assert prefill["restored_packs"] > 0 and prefill["fx_misses"] == 0, prefill
+    assert prefill["fx_hits"] + prefill["precompile_hits"] > 0, prefill  # the store served it
     assert later["equal"] == [True, True, True] and not later["errors"], later
     assert later["restored_packs"] > 0 and later["fx_misses"] == 0, later
     assert later["fx_hits"] + later["precompile_hits"] > 0, later
-    # the blocks called with a cache compile without precompile: their group's function's record
-    # travelled, the length dynamic; the final norm compiled through precompile: its precompiled
-    # function's record (named after the part and the key, the same on every node) travelled too
+    # the blocks called with a cache compile through their group's ``__cache`` precompiled
+    # function (issue 35): its record travelled, the length dynamic; so did the final norm's
+    # (precompiled functions are named after the group or part and the key, the same on every node)
     for got in (prefill, later):
         records = got["dynamic_inputs"]
-        assert any(code.startswith("region_") and names.INFIX not in code and "dim 1" in " ".join(inputs)
-                   for code, inputs in records.items()), records
+        assert any(code.startswith("region_") and names.owner_of(code).endswith("__cache")
+                   and "dim 1" in " ".join(inputs) for code, inputs in records.items()), records
         assert any(code.startswith("part_") and names.INFIX in code for code in got["record_codes"]), got

@@ -24,8 +24,11 @@ static one. So :func:`snapshot` leaves out the decisions of a code object whose 
 this process all failed on other guards than shapes (:func:`shape_reason`): a fresh node then
 repeats the publisher's compiles and hits. A code that recompiled because a size changed (a
 failing size or stride guard, a symbolic shape guard, an int input's value) keeps its
-decisions, and so does one that compiled once only (a dimension dynamic from its first compile
-comes from a restored record: another node's size); decisions restored by :func:`install` are
+decisions, and so do the decisions a code had after its *first* compile in the process (a
+dimension dynamic from its first compile comes from a restored record: another node's size;
+what its later recompiles for other paths add is left out, as above: a precompiled group's
+``__cache`` function, whose store entries fail silently on a new prompt length and whose next
+block recompiles on the cache's ``is_initialized``); decisions restored by :func:`install` are
 always kept. Dynamo names one failing guard per compiled entry, the first it checks: where a
 size guard fails before the one on the arguments (a positional tensor of another length *and*
 another keyword), the recompile counts as a size change and the decision travels; the cost is
@@ -59,6 +62,12 @@ _VERSION = 1
 #: dict of torch it went into (``torch._dynamo.reset()`` makes a new one: then nothing is).
 _installed: dict[str, dict[str, dict[str, Any]]] = {}
 _installed_into: list[Any] = [None]
+#: Code key -> its inputs' entries (encoded) right after its first compile in this process, for
+#: the codes :func:`install` put a record in place for (seen by Dynamo's compile callbacks,
+#: which ``torch._dynamo.reset()`` clears: :func:`install` registers them again).
+_first: dict[str, dict[str, dict[str, Any]]] = {}
+#: The installed codes' entries when a first compile started (compile id -> key -> entries).
+_at_start: dict[str, dict[str, dict[str, Any]]] = {}
 #: A failing guard on a size: Dynamo's tensor check, a symbolic shape guard of a dynamic graph.
 _SHAPE_GUARD = re.compile(r"size mismatch|stride mismatch|expected size|\.size\(\)\[|\.stride\(\)\[")
 _INT_GUARD = re.compile(r"(?P<name>\S+) == -?\d+")
@@ -66,7 +75,8 @@ _INT_GUARD = re.compile(r"(?P<name>\S+) == -?\d+")
 
 @capability(
     "pgo.automatic_dynamic",
-    needs="torch._dynamo.pgo (CodeId, CodeState, FrameStateSizeEntry, get_code_state, auto_dynamic)",
+    needs="torch._dynamo.pgo (CodeId, CodeState, FrameStateSizeEntry, get_code_state, auto_dynamic), "
+    "torch._dynamo.callback.callback_handler (start/end callbacks)",
     breaks="the automatic-dynamic decisions of the regions are not carried: a fresh node compiles "
     "a static graph for each input length it has not seen",
 )
@@ -79,6 +89,12 @@ def _probe() -> str | None:
             return f"torch._dynamo.pgo has no {name}"
     if not hasattr(pgo.FrameStateSizeEntry, "__ior__"):
         return "FrameStateSizeEntry cannot be merged (|=)"
+    from torch._dynamo import callback
+
+    handler = getattr(callback, "callback_handler", None)
+    if not all(hasattr(handler, n) for n in ("register_start_callback", "register_end_callback",
+                                              "end_callbacks")):
+        return "torch._dynamo.callback has no callback_handler with start/end callbacks"
     return None
 
 
@@ -189,6 +205,7 @@ def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[
     files = None if files is None else set(files)
     recompiles = _recompile_reasons()
     installed = _installed if _installed_into[0] is states else {}
+    first = _first if _installed_into[0] is states else {}
     codes: dict[str, Any] = {}
     for code_id, state in list(states.items()):
         if not _wanted(code_id.name, owners, code_id.filename, files) or not state.automatic_dynamic:
@@ -200,7 +217,8 @@ def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[
             continue
         reasons = recompiles.get((code_id.name, code_id.firstlineno, os.path.basename(code_id.filename)))
         if reasons and not any(shape_reason(r, entries) for r in reasons):
-            entries = _path_only(code_id.name, entries, installed.get(_key(code_id), {}))
+            entries = _path_only(code_id.name, entries,
+                                 first.get(_key(code_id)) or installed.get(_key(code_id), {}))
             if not entries:
                 continue
         codes[_key(code_id)] = {"name": code_id.name, "firstlineno": code_id.firstlineno,
@@ -241,8 +259,9 @@ def _recompile_reasons() -> dict[tuple[str, int, str], list[str]]:
 
 def _path_only(code: str, entries: dict[str, Any], installed: dict[str, Any]) -> dict[str, Any]:
     """``entries`` of a code whose recompiles all changed path, not shape: each value seen to vary
-    here is unset again (as if never seen), unless a restored record had it varying; an input
-    left with nothing (a scalar that varied) is left out."""
+    here is unset again (as if never seen), unless ``installed`` had it varying (the restored
+    record, or what the code had after its first compile here); an input left with nothing (a
+    scalar that varied) is left out."""
     out: dict[str, Any] = {}
     dropped = []
     for name, entry in entries.items():
@@ -307,7 +326,9 @@ def install(state: dict[str, Any]) -> int:
     states = pgo.get_code_state()
     if _installed_into[0] is not states:  # a new code state (torch._dynamo.reset())
         _installed.clear()
+        _first.clear()
         _installed_into[0] = states
+    _watch_first_compiles()
     turned = 0
     for code in (state.get("codes") or {}).values():
         try:
@@ -333,6 +354,54 @@ def install(state: dict[str, Any]) -> int:
             local[name].excluded_scalar = None
             turned += max(0, _dynamic_dims(local[name]) - before)
     return turned
+
+
+def _first_compile(compile_id: str) -> bool:
+    """Whether Dynamo's compile ``compile_id`` (``frame/n``) is its frame's first."""
+    return re.fullmatch(r"\d+/0", compile_id) is not None
+
+
+def _installed_entries() -> dict[str, dict[str, dict[str, Any]]]:
+    """Code key -> encoded entries now, of the codes :func:`install` put a record in place for."""
+    from torch._dynamo import pgo
+
+    states = getattr(pgo, "_CODE_STATE", None)
+    if not states or _installed_into[0] is not states:
+        return {}
+    out = {}
+    for code_id, state in list(states.items()):
+        key = _key(code_id)
+        if key in _installed and key not in _first:
+            try:
+                out[key] = {n: _encode_entry(e) for n, e in state.automatic_dynamic.items()}
+            except TypeError:  # a torch with other atoms: nothing to keep for this code
+                continue
+    return out
+
+
+def _on_start(args: Any) -> None:
+    if _first_compile(str(args.compile_id)):
+        _at_start[str(args.compile_id)] = _installed_entries()
+
+
+def _on_end(args: Any) -> None:
+    """After a frame's first compile: each installed code whose entries it changed keeps what
+    it has now (its first-compile decisions, see the module's doc)."""
+    before = _at_start.pop(str(args.compile_id), None)
+    if before is None:
+        return
+    for key, entries in _installed_entries().items():
+        if key in before and entries != before[key]:
+            _first[key] = entries
+
+
+def _watch_first_compiles() -> None:
+    """Registers :func:`_on_start` / :func:`_on_end` with Dynamo (once per reset)."""
+    from torch._dynamo.callback import callback_handler
+
+    if _on_end not in callback_handler.end_callbacks:
+        callback_handler.register_start_callback(_on_start)
+        callback_handler.register_end_callback(_on_end)
 
 
 def _dynamic_dims(entry: Any) -> int:
