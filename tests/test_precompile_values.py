@@ -210,21 +210,26 @@ def test_a_groups_kv_cache_calls_one_entry_per_block_prove_their_values_on_a_fre
 ) -> None:
     """Two identical blocks called with a KV cache (a group: its prefill traces the cache update
     into the graph, one entry per block, issue 35; its decode step goes through the layer view
-    that prefill proved). The fresh node set the module-level setting the graphs read to another
-    value: none of the publisher's three graphs may run there."""
+    that prefill proved). The publisher's prefill entries are dynamic in the length (prefills at
+    5, 7, then 3 tokens; issue 36). The fresh node set the module-level setting the graphs read
+    to another value: none of the publisher's five graphs may run there, not even at a length
+    (4) its dynamic entries would serve."""
     publish, load = nodes["publish"]["kv_cache_group"], nodes["load"]["kv_cache_group"]
-    for case in (publish, load):
+    for case, more in ((publish, {"prefill5", "prefill7"}), (load, {"prefill4"})):
         _matches_eager(case)
-        assert set(case["diffs"]) == {"prefill", "decode", "cache"} and case["warnings"] == []
-        # traced update (the prefill, per block), layer view (the decode step), no eager update
-        assert case["cache_calls"] == [2, 2, 0], case["cache_calls"]
-        assert case["frames_traced"] == 3  # prefill: one per block; decode: one for both
+        assert set(case["diffs"]) == {"prefill", "decode", "cache"} | more and case["warnings"] == []
+        # traced update (each prefill, per block), layer view (the decode step), no eager update
+        assert case["cache_calls"] == [2 * len(more) + 2, 2, 0], case["cache_calls"]
+    # publisher: prefill 5, one per block; 7, one per block (dynamic); 3, none (the dynamic
+    # entries); decode, one for both. Fresh node: prefill 4, one per block (dynamic: the record
+    # restored); 3, none; decode, one
+    assert publish["frames_traced"] == 5 and load["frames_traced"] == 3
     groups = {g["label"].rsplit("(", 1)[-1]: g for g in _groups(publish)}
     assert groups["KV-cache calls)"]["status"] == groups["decode steps)"]["status"] == "new", groups
     groups = {g["label"].rsplit("(", 1)[-1]: g for g in _groups(load)}
     cache, decode = groups["KV-cache calls)"], groups["decode steps)"]
     assert load["dynamo_cache_hits"] == 0, load
-    assert cache["status"] == "new" and cache["reason"].startswith("2 restored graph(s) not installed")
+    assert cache["status"] == "new" and cache["reason"].startswith("4 restored graph(s) not installed")
     assert decode["status"] == "new" and decode["reason"].startswith("1 restored graph(s) not installed")
     for group in (cache, decode):
         assert "MODE is str:'sigmoid' here but the graph was traced with str:'tanh'" in group["reason"]
