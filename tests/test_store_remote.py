@@ -614,3 +614,25 @@ def test_a_loads_bookkeeping_is_written_off_its_thread_and_read_back(
     other = Store(s3_url)  # its stats read this process's counters object, written first
     assert other.stats()["remote_downloads"] == 3
     assert len(other.remote.listing()[K1].uses) == uses + 1
+
+
+def test_a_prefetch_checks_each_pack_on_its_threads(s3_url: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks a load makes of a downloaded pack (limits, checksum, members, content name)
+    run where it was downloaded, off the job's thread; the job's thread only puts it in place."""
+    import threading
+
+    from compile_cache.store.checker import PackChecker
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    checked: list[str] = []
+    real = PackChecker.check_file
+
+    def recording(self, fs, path, key, name, *args, **kwargs):
+        checked.append(threading.current_thread().name)
+        return real(self, fs, path, key, name, *args, **kwargs)
+
+    monkeypatch.setattr(PackChecker, "check_file", recording)
+    assert reader.prefetch(K1) is True
+    assert _loaded(reader.load(K1)) == THREE
+    assert len(checked) == 3 and threading.current_thread().name not in checked, checked

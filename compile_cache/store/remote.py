@@ -100,10 +100,11 @@ def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteT
 
 @dataclass
 class _Received:
-    """One pack object downloaded (:meth:`RemoteTier._receive`) and not yet checked: its temp
-    files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed pack), the
-    bytes that crossed the network, and what went wrong (``gone``: the object vanished;
-    ``problem``: refused, ``keep``: left in the bucket for readers with larger limits)."""
+    """One pack object downloaded and checked (:meth:`RemoteTier._receive`), not yet in place:
+    its temp files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed
+    pack), the bytes that crossed the network, and what went wrong (``gone``: the object
+    vanished; ``problem``: refused by its expansion or by the checks a load makes, ``keep``:
+    left in the bucket for readers with larger limits)."""
 
     name: str
     obj: str
@@ -226,10 +227,11 @@ class RemoteTier:
 
     # -- what a job does ---------------------------------------------------------------------
     def prefetch(self, key: str) -> bool:
-        """Start bringing ``key``'s packs over in the background: the listing, the downloads
-        and their expansion into temp files run on a thread of their own while the caller goes
-        on (a start imports torch's code cache meanwhile); the next :meth:`fetch` of ``key``
-        waits for them, then checks each pack and puts it in place, in the caller's thread. True if
+        """Start bringing ``key``'s packs over in the background: the listing, the downloads,
+        their expansion into temp files and the checks a load makes run on a thread of their own
+        while the caller goes on (a start imports torch's code cache meanwhile); the next
+        :meth:`fetch` of ``key`` waits for them, then puts each pack that passed in place (or
+        counts and sets it aside), in the caller's thread. True if
         started: only with a backend whose requests may run on other threads
         (:attr:`~.backends.base.RetryingBackend.parallel`). Every module the thread uses is
         imported here, first: a thread that imports can deadlock with the user's own imports."""
@@ -245,8 +247,8 @@ class RemoteTier:
         place; returns the bytes downloaded. A fault is a miss (``strict``: raises).
 
         The network half (:meth:`_gather`: one listing, then the packs and ``entry.json`` side
-        by side) is the one :meth:`prefetch` started, if it did; each pack is checked and put
-        in place here, in the calling thread."""
+        by side, each pack checked as it arrives) is the one :meth:`prefetch` started, if it
+        did; each pack is put in place (or counted and set aside) here, in the calling thread."""
         moved = stored = downloaded = 0
         started = self._prefetches.pop(key, None)
         try:
@@ -344,7 +346,9 @@ class RemoteTier:
     def _receive(self, key: str, name: str, obj: str) -> _Received:
         """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
         and counts nothing): ``obj`` into a temp file beside its target, expanded (bounded) into
-        a second one if compressed, fsynced. A problem is returned, not raised, for
+        a second one if compressed, fsynced, then given the checks a load makes (limits,
+        checksum, signature, members, content name: reads and hashing, which release the GIL,
+        done here rather than on the job's thread). A problem is returned, not raised, for
         :meth:`_settle`; RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
@@ -366,26 +370,24 @@ class RemoteTier:
                     os.fsync(out.fileno())
             if raw != tmp:
                 got.problem = self._expand(raw, tmp, limit)
-                got.keep = isinstance(got.problem, PackLimitError)
+            if got.problem is None:
+                got.problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
+            # Over this reader's limits is not broken for every reader: left in place.
+            got.keep = isinstance(got.problem, PackLimitError)
         except BaseException:
             got.discard(self.local.fs)
             raise
         return got
 
     def _settle(self, key: str, got: _Received) -> int:
-        """The local half of :meth:`_download`, in the caller's thread: the checks a load makes,
-        then the rename into place (or the pack counted and set aside); the bytes moved, or 0."""
+        """The local half of :meth:`_download`, in the caller's thread: the rename into place of
+        a pack that passed its checks (or the pack counted and set aside); the bytes moved, or 0."""
         try:
             if got.gone:
                 return 0
             if got.problem is not None:
                 local = None if isinstance(got.problem, TooLargeError) else got.raw
                 self._corrupt(key, got.name, got.problem, local, got.obj, keep=got.keep)
-                return 0
-            problem = self.local.checker.check_file(self.local.fs, got.tmp, key, got.name)
-            if problem is not None:
-                # Over this reader's limits is not broken for every reader: left in place.
-                self._corrupt(key, got.name, problem, got.raw, got.obj, keep=isinstance(problem, PackLimitError))
                 return 0
             self.local.fs.rename(got.tmp, self.local.layout.pack_path(key, got.name))
             return got.size
