@@ -72,6 +72,11 @@ _CONDITIONAL_PUT_MAX = 64 << 20
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
+#: Seconds the background bookkeeping (a process's counters object, its use records) waits
+#: before it is written: a start's dozen counter updates go out as one PUT, after the start's
+#: first output rather than during it (each request takes the GIL from the job's thread).
+#: Exit, SIGTERM, ``stats`` and listings in the process write what waits at once.
+WRITE_DELAY_S = 3.0
 
 
 def local_tier_dir(url: str) -> Path:
@@ -139,6 +144,12 @@ def _new_write_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_write_lock_in_child)
 
 
+def _submit_all_pending() -> None:
+    """Queue every tier's waiting writes on the publisher now (its exit drain then writes them)."""
+    for tier in list(_pending):
+        tier.submit_pending()
+
+
 def write_all_pending(url: str | None = None) -> None:
     """Write the writes left for later of every tier (of ``url``), now, in this thread: what
     reads a URL's counters or use records (``stats``, listings) sees this process's own (also
@@ -197,6 +208,7 @@ class RemoteTier:
         self._prefetches: dict[str, _Background] = {}  # key -> the network half, under way
         self._dirty = False  # counts not written yet (count)
         self._uses: list[tuple[str, str]] = []  # use objects not written yet (record_use)
+        self._timer_pid: int | None = None  # the process whose timer will write them (_later)
 
     def attach(self, local: StoreParts) -> None:
         """Work with the local tier ``local`` (its files, counters and pack checks): done once,
@@ -522,14 +534,28 @@ class RemoteTier:
             logger.debug("compile cache %s: counters not written: %s", self.display, exc)
 
     def _later(self) -> None:
-        """Have :meth:`write_pending` run on the background publisher (once, however many
-        writes wait; at interpreter exit it drains them, and :func:`write_all_pending` runs)."""
+        """Have :meth:`write_pending` run on the background publisher :data:`WRITE_DELAY_S`
+        from now (once, however many writes wait meanwhile; at interpreter exit or SIGTERM the
+        writes waiting go out at once, and a listing or ``stats`` writes them first)."""
         global _exit_registered
         queue = publisher.get()
         if not _exit_registered:  # after the publisher's own: runs before it at exit
             _exit_registered = True
             atexit.register(write_all_pending)
-        queue.submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
+        queue.at_exit(_submit_all_pending)  # SIGTERM: the publisher's drain runs, not atexit
+        with _state_lock:
+            if self._timer_pid == os.getpid():
+                return  # a write is due already: it takes these too
+            self._timer_pid = os.getpid()
+        timer = threading.Timer(WRITE_DELAY_S, self.submit_pending)
+        timer.name, timer.daemon = "compile-cache-writes", True
+        timer.start()
+
+    def submit_pending(self) -> None:
+        """Queue :meth:`write_pending` on the background publisher (the delay is over)."""
+        with _state_lock:
+            self._timer_pid = None
+        publisher.get().submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
 
     def write_pending(self) -> None:
         """Write what :meth:`count` and :meth:`record_use` left for later: this process's
