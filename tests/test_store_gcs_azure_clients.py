@@ -244,3 +244,28 @@ def test_shared_key_matches_the_azure_sdk() -> None:
                                    {"restype": "container", "comp": "list"}, headers, "devstoreaccount1",
                                    base64.b64decode(KEY))
     assert ours == request.headers["Authorization"]
+
+
+def test_listing_times_parse_without_strptime_and_gcs_preloads_no_xml() -> None:
+    """A listing's ISO 8601 time (S3's LastModified, GCS's updated) is read with the built-in
+    ``fromisoformat`` (``strptime`` imports ``_strptime`` on first use: not on a download
+    thread, and not worth 1-2 ms of a start); GCS's JSON listings need no XML parser, so its
+    ``preload`` (on the start's thread) does not import one; S3 and Azure do."""
+    import calendar
+    import subprocess
+    import sys
+
+    from compile_cache.store.backends.rest import iso_mtime
+
+    expected = calendar.timegm((2026, 12, 3, 23, 43, 54))
+    assert iso_mtime("2026-12-03T23:43:54.123Z") == expected == iso_mtime("2026-12-03T23:43:54Z")
+    assert iso_mtime("2026-12-03T23:43:54.000+00:00") == expected
+    assert iso_mtime("yesterday") == 0.0 and iso_mtime(None) == 0.0 and iso_mtime("") == 0.0
+    code = ("import sys\n"
+            "from compile_cache.store.backends.gcs import GcsBackend, GcsSettings\n"
+            "from compile_cache.store.backends.azure import AzureBackend\n"
+            "GcsBackend('gs://b/p', GcsSettings('http', '127.0.0.1:1', 'none', 'test')).preload()\n"
+            "print('xml.etree.ElementTree' in sys.modules, '_strptime' in sys.modules)\n"
+            "print(GcsBackend.xml_listing, AzureBackend.xml_listing)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "False", "False", "True"], done.stdout + done.stderr

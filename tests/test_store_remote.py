@@ -614,3 +614,89 @@ def test_a_loads_bookkeeping_is_written_off_its_thread_and_read_back(
     other = Store(s3_url)  # its stats read this process's counters object, written first
     assert other.stats()["remote_downloads"] == 3
     assert len(other.remote.listing()[K1].uses) == uses + 1
+
+
+def test_a_starts_bookkeeping_waits_then_goes_out_as_one_write(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load's counter updates (downloads, the local tier's size recount, ...) and its use
+    record are not sent as they happen, during the start, but once, ``WRITE_DELAY_S`` later,
+    from the background publisher: one PUT of the counters object for all of them."""
+    import threading
+    import time
+
+    from compile_cache.store import remote
+    from compile_cache.store.backends.s3 import S3Backend
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    tier = reader.remote
+    uses = len(tier.listing()[K1].uses)  # (a listing writes what waits: the writer's counters)
+    puts: list[tuple[str, str, float]] = []
+    real = S3Backend.put
+
+    def recording(self, name, data):
+        if self is tier.backend:  # (not the writes other tests' stores left waiting)
+            puts.append((threading.current_thread().name, name, time.monotonic()))
+        return real(self, name, data)
+
+    monkeypatch.setattr(S3Backend, "put", recording)
+    monkeypatch.setattr(remote, "WRITE_DELAY_S", 5.0)
+    started = time.monotonic()
+    assert _loaded(reader.load(K1)) == THREE
+    assert puts == []  # nothing during the start
+    deadline = time.monotonic() + 60
+    while not any(name == tier._stats_object for _, name, _ in puts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    mine = list(puts)
+    assert [name for _, name, _ in mine].count(tier._stats_object) == 1, mine  # one write for them all
+    assert sum("/used/" in name for _, name, _ in mine) == 1, mine
+    assert all(thread == "compile_cache-publish" for thread, _, _ in mine), mine
+    assert min(at for _, _, at in mine) >= started + 5.0
+    other = Store(s3_url)
+    assert other.stats()["remote_downloads"] == 3 and len(other.remote.listing()[K1].uses) == uses + 1
+
+
+_SIGTERM_CHILD = """
+import os, signal, sys, time
+from compile_cache.store import Store
+
+packs = Store(sys.argv[1]).load(sys.argv[2])
+assert len(packs) == 3
+os.kill(os.getpid(), signal.SIGTERM)  # long before the waiting writes are due
+time.sleep(60)
+"""
+
+
+def test_a_sigterm_writes_the_bookkeeping_that_waits(s3_url: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (SLURM, Kubernetes) runs the publisher's exit drain, not atexit: the counters
+    and use record a start left waiting are written then."""
+    _three_packs(s3_url, tmp_path, monkeypatch)
+    uses = len(Store(s3_url).remote.listing()[K1].uses)
+    env = dict(os.environ, COMPILE_CACHE_LOCAL_TIER=str(tmp_path / "terminated"))
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_CHILD, s3_url, K1], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == -15, done.stderr[-3000:]
+    other = Store(s3_url)
+    assert other.stats()["remote_downloads"] == 3 and len(other.remote.listing()[K1].uses) == uses + 1
+
+
+def test_a_prefetch_checks_each_pack_on_its_threads(s3_url: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks a load makes of a downloaded pack (limits, checksum, members, content name)
+    run where it was downloaded, off the job's thread; the job's thread only puts it in place."""
+    import threading
+
+    from compile_cache.store.checker import PackChecker
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    checked: list[str] = []
+    real = PackChecker.check_file
+
+    def recording(self, fs, path, key, name, *args, **kwargs):
+        checked.append(threading.current_thread().name)
+        return real(self, fs, path, key, name, *args, **kwargs)
+
+    monkeypatch.setattr(PackChecker, "check_file", recording)
+    assert reader.prefetch(K1) is True
+    assert _loaded(reader.load(K1)) == THREE
+    assert len(checked) == 3 and threading.current_thread().name not in checked, checked

@@ -72,6 +72,11 @@ _CONDITIONAL_PUT_MAX = 64 << 20
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
+#: Seconds the background bookkeeping (a process's counters object, its use records) waits
+#: before it is written: a start's dozen counter updates go out as one PUT, after the start's
+#: first output rather than during it (each request takes the GIL from the job's thread).
+#: Exit, SIGTERM, ``stats`` and listings in the process write what waits at once.
+WRITE_DELAY_S = 3.0
 
 
 def local_tier_dir(url: str) -> Path:
@@ -100,10 +105,11 @@ def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteT
 
 @dataclass
 class _Received:
-    """One pack object downloaded (:meth:`RemoteTier._receive`) and not yet checked: its temp
-    files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed pack), the
-    bytes that crossed the network, and what went wrong (``gone``: the object vanished;
-    ``problem``: refused, ``keep``: left in the bucket for readers with larger limits)."""
+    """One pack object downloaded and checked (:meth:`RemoteTier._receive`), not yet in place:
+    its temp files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed
+    pack), the bytes that crossed the network, and what went wrong (``gone``: the object
+    vanished; ``problem``: refused by its expansion or by the checks a load makes, ``keep``:
+    left in the bucket for readers with larger limits)."""
 
     name: str
     obj: str
@@ -136,6 +142,12 @@ def _new_write_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_write_lock_in_child)
+
+
+def _submit_all_pending() -> None:
+    """Queue every tier's waiting writes on the publisher now (its exit drain then writes them)."""
+    for tier in list(_pending):
+        tier.submit_pending()
 
 
 def write_all_pending(url: str | None = None) -> None:
@@ -196,6 +208,7 @@ class RemoteTier:
         self._prefetches: dict[str, _Background] = {}  # key -> the network half, under way
         self._dirty = False  # counts not written yet (count)
         self._uses: list[tuple[str, str]] = []  # use objects not written yet (record_use)
+        self._timer_pid: int | None = None  # the process whose timer will write them (_later)
 
     def attach(self, local: StoreParts) -> None:
         """Work with the local tier ``local`` (its files, counters and pack checks): done once,
@@ -226,10 +239,11 @@ class RemoteTier:
 
     # -- what a job does ---------------------------------------------------------------------
     def prefetch(self, key: str) -> bool:
-        """Start bringing ``key``'s packs over in the background: the listing, the downloads
-        and their expansion into temp files run on a thread of their own while the caller goes
-        on (a start imports torch's code cache meanwhile); the next :meth:`fetch` of ``key``
-        waits for them, then checks each pack and puts it in place, in the caller's thread. True if
+        """Start bringing ``key``'s packs over in the background: the listing, the downloads,
+        their expansion into temp files and the checks a load makes run on a thread of their own
+        while the caller goes on (a start imports torch's code cache meanwhile); the next
+        :meth:`fetch` of ``key`` waits for them, then puts each pack that passed in place (or
+        counts and sets it aside), in the caller's thread. True if
         started: only with a backend whose requests may run on other threads
         (:attr:`~.backends.base.RetryingBackend.parallel`). Every module the thread uses is
         imported here, first: a thread that imports can deadlock with the user's own imports."""
@@ -245,8 +259,8 @@ class RemoteTier:
         place; returns the bytes downloaded. A fault is a miss (``strict``: raises).
 
         The network half (:meth:`_gather`: one listing, then the packs and ``entry.json`` side
-        by side) is the one :meth:`prefetch` started, if it did; each pack is checked and put
-        in place here, in the calling thread."""
+        by side, each pack checked as it arrives) is the one :meth:`prefetch` started, if it
+        did; each pack is put in place (or counted and set aside) here, in the calling thread."""
         moved = stored = downloaded = 0
         started = self._prefetches.pop(key, None)
         try:
@@ -344,7 +358,9 @@ class RemoteTier:
     def _receive(self, key: str, name: str, obj: str) -> _Received:
         """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
         and counts nothing): ``obj`` into a temp file beside its target, expanded (bounded) into
-        a second one if compressed, fsynced. A problem is returned, not raised, for
+        a second one if compressed, fsynced, then given the checks a load makes (limits,
+        checksum, signature, members, content name: reads and hashing, which release the GIL,
+        done here rather than on the job's thread). A problem is returned, not raised, for
         :meth:`_settle`; RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
@@ -366,26 +382,24 @@ class RemoteTier:
                     os.fsync(out.fileno())
             if raw != tmp:
                 got.problem = self._expand(raw, tmp, limit)
-                got.keep = isinstance(got.problem, PackLimitError)
+            if got.problem is None:
+                got.problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
+            # Over this reader's limits is not broken for every reader: left in place.
+            got.keep = isinstance(got.problem, PackLimitError)
         except BaseException:
             got.discard(self.local.fs)
             raise
         return got
 
     def _settle(self, key: str, got: _Received) -> int:
-        """The local half of :meth:`_download`, in the caller's thread: the checks a load makes,
-        then the rename into place (or the pack counted and set aside); the bytes moved, or 0."""
+        """The local half of :meth:`_download`, in the caller's thread: the rename into place of
+        a pack that passed its checks (or the pack counted and set aside); the bytes moved, or 0."""
         try:
             if got.gone:
                 return 0
             if got.problem is not None:
                 local = None if isinstance(got.problem, TooLargeError) else got.raw
                 self._corrupt(key, got.name, got.problem, local, got.obj, keep=got.keep)
-                return 0
-            problem = self.local.checker.check_file(self.local.fs, got.tmp, key, got.name)
-            if problem is not None:
-                # Over this reader's limits is not broken for every reader: left in place.
-                self._corrupt(key, got.name, problem, got.raw, got.obj, keep=isinstance(problem, PackLimitError))
                 return 0
             self.local.fs.rename(got.tmp, self.local.layout.pack_path(key, got.name))
             return got.size
@@ -520,14 +534,28 @@ class RemoteTier:
             logger.debug("compile cache %s: counters not written: %s", self.display, exc)
 
     def _later(self) -> None:
-        """Have :meth:`write_pending` run on the background publisher (once, however many
-        writes wait; at interpreter exit it drains them, and :func:`write_all_pending` runs)."""
+        """Have :meth:`write_pending` run on the background publisher :data:`WRITE_DELAY_S`
+        from now (once, however many writes wait meanwhile; at interpreter exit or SIGTERM the
+        writes waiting go out at once, and a listing or ``stats`` writes them first)."""
         global _exit_registered
         queue = publisher.get()
         if not _exit_registered:  # after the publisher's own: runs before it at exit
             _exit_registered = True
             atexit.register(write_all_pending)
-        queue.submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
+        queue.at_exit(_submit_all_pending)  # SIGTERM: the publisher's drain runs, not atexit
+        with _state_lock:
+            if self._timer_pid == os.getpid():
+                return  # a write is due already: it takes these too
+            self._timer_pid = os.getpid()
+        timer = threading.Timer(WRITE_DELAY_S, self.submit_pending)
+        timer.name, timer.daemon = "compile-cache-writes", True
+        timer.start()
+
+    def submit_pending(self) -> None:
+        """Queue :meth:`write_pending` on the background publisher (the delay is over)."""
+        with _state_lock:
+            self._timer_pid = None
+        publisher.get().submit(self.write_pending, key=("compile_cache-remote-writes", id(self)))
 
     def write_pending(self) -> None:
         """Write what :meth:`count` and :meth:`record_use` left for later: this process's

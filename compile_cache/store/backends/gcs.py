@@ -135,6 +135,7 @@ class GcsBackend(HttpBackend):
 
     #: Objects per listing page (the API's most).
     page_size = 1000
+    xml_listing = False  # the JSON API
 
     def __init__(self, url: str, settings: GcsSettings) -> None:
         super().__init__(url)

@@ -158,8 +158,8 @@ def iso_mtime(text: str | None) -> float:
     timestamp; 0 if unreadable."""
     if not text:
         return 0.0
-    try:
-        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    try:  # fromisoformat is built in: datetime.strptime imports _strptime on first use
+        return datetime.fromisoformat(text[:19]).replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         return 0.0
 
@@ -193,17 +193,19 @@ class HttpBackend(RetryingBackend):
     request is addressed and signed (:meth:`_object`), listing, writing and deleting."""
 
     parallel = True
+    #: Whether listings come as XML (S3, Azure): :meth:`preload` imports the parser.
+    xml_listing = True
 
     def preload(self) -> None:
         """The modules a request imports on first use: the codec the socket module encodes a
-        host name with (``encodings.idna``), the listings' XML parser (S3, Azure) and date
-        parsers (``datetime.strptime`` imports ``_strptime``; Azure's ``calendar``), and ``ssl``
-        for https."""
-        import _strptime  # noqa: F401
+        host name with (``encodings.idna``), the listings' XML parser (S3, Azure; not GCS,
+        whose listings are JSON: 3 ms less on a start's thread), Azure's date parser
+        (``calendar``), and ``ssl`` for https."""
         import calendar  # noqa: F401
         import encodings.idna  # noqa: F401
-        import xml.etree.ElementTree  # noqa: F401
 
+        if self.xml_listing:
+            import xml.etree.ElementTree  # noqa: F401
         if self._where()[0] == "https":
             import ssl  # noqa: F401
 
