@@ -101,7 +101,10 @@ def test_no_torch_file_compares_the_table_by_identity() -> None:
         for path in (torch_dir / sub).rglob("*.py"):
             text = path.read_text(encoding="utf-8", errors="replace")
             found += [f"{path}: {m.group(0)}" for m in lazy_globals.IDENTITY.finditer(text)]
+            assert lazy_globals.identity_comparisons(text) == [], path  # what the probe reads
     assert found == []
+    assert lazy_globals.identity_comparisons("a = 1\n    if fn is select_decomp_table:\n") == [
+        "if fn is select_decomp_table:"]
     holders = {f"_inductor/{p.name}" for p in (torch_dir / "_inductor").glob("*.py")
                if re.search(r"\bget_decomp_fn\b", p.read_text(encoding="utf-8"))}
     assert holders <= set(lazy_globals._HOLDERS) | {"_inductor/decomposition.py"}, holders

@@ -156,6 +156,24 @@ IDENTITY = re.compile(rf"\bis(?: not)? (?:{_NAME}|get_decomp_fn)\b"
                       rf"|\b(?:{_NAME}|get_decomp_fn) is (?:not )?(?!None\b|not\b)\w")
 
 
+def identity_comparisons(text: str) -> list[str]:
+    """The lines of ``text`` that compare the table's function by identity (only the lines that
+    name it are searched: a probe reads torch's largest files)."""
+    found, seen = [], set()
+    for word in (_NAME, "get_decomp_fn"):
+        at = text.find(word)
+        while at != -1:
+            start = text.rfind("\n", 0, at) + 1
+            end = text.find("\n", at)
+            end = len(text) if end == -1 else end
+            if start not in seen:
+                seen.add(start)
+                if IDENTITY.search(text, start, end):
+                    found.append(text[start:end].strip())
+            at = text.find(word, end)
+    return found
+
+
 @capability(
     CAPABILITY,
     needs="torch._inductor.decomposition.select_decomp_table() (a module-level function, not "
@@ -178,7 +196,7 @@ def _probe_lazy_decomp_table() -> str | None:
     for name in _HOLDERS:
         try:
             with open(os.path.join(torch_dir, name), encoding="utf-8") as f:
-                if IDENTITY.search(f.read()):
+                if identity_comparisons(f.read()):
                     return f"torch/{name} compares {_NAME} by identity"
         except OSError as exc:
             return f"torch/{name} cannot be read ({exc})"
