@@ -22,10 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import fresh_node_env
 
-from compile_cache.torch_compat import available
+from compile_cache import torch_compat
+from compile_cache.torch_compat import TorchCompatWarning, available
 from compile_cache.torch_compat.precompile import lazy_globals
 
 CHILD = r"""
@@ -109,3 +111,33 @@ def test_no_torch_file_compares_the_table_by_identity() -> None:
                if re.search(r"\bget_decomp_fn\b", p.read_text(encoding="utf-8"))}
     assert holders <= set(lazy_globals._HOLDERS) | {"_inductor/decomposition.py"}, holders
     assert os.path.exists(torch_dir / "_inductor" / "decomposition.py")
+
+
+def test_without_the_capability_entries_are_read_with_plain_pickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Torch moved (here: DiskDynamoStore.read is gone): one warning, then torch's own reads and
+    ours are plain ``pickle`` (the stand-in unpickler is never used)."""
+    import torch._dynamo.package as package
+    from torch._inductor.decomposition import select_decomp_table
+
+    class Refused(pickle.Unpickler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("the lazy unpickler was used without the capability")
+
+    monkeypatch.setattr(lazy_globals, "_LazyUnpickler", Refused)
+    monkeypatch.delattr(package.DiskDynamoStore, "read")
+    torch_compat._reset()
+    try:
+        blob = pickle.dumps({"get_decomp_fn": select_decomp_table, "n": 1})
+        with pytest.warns(TorchCompatWarning, match="dynamo.lazy_decomp_table"):
+            assert lazy_globals.loads(blob) == {"get_decomp_fn": select_decomp_table, "n": 1}
+        pickle_before = package.pickle
+        with lazy_globals.lazy_entry_reads():
+            assert package.pickle is pickle_before
+            assert package.pickle.loads(blob)["n"] == 1
+        assert lazy_globals.CAPABILITY in torch_compat.degraded()
+    finally:
+        monkeypatch.undo()
+        torch_compat._reset()
+    assert available(lazy_globals.CAPABILITY)
