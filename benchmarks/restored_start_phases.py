@@ -13,7 +13,9 @@ importing torch, in transformers and building the model, importing compile_cache
 ``atexit`` handlers (thread joins come before them). The interpreter's exit after it (module
 teardown, the final garbage collections) is the process's wall time minus the phases' sum:
 time the process from outside (``PHASES_T0``: the launcher's ``time.time()``, to count the
-interpreter's start too). ``PHASES_MODULES=path`` also writes the imported module names.
+interpreter's start too). A second line ``PHASES_CPU {...}`` gives the main thread's CPU time
+per phase (``time.thread_time``: under load, less at the mercy of other processes than wall
+time). ``PHASES_MODULES=path`` also writes the imported module names.
 Write compile_cache's bytecode first (``_common.compile_bytecode()``, as bench_cold_start does):
 in a tree without it, every process compiles compile_cache's source again under
 ``PYTHONDONTWRITEBYTECODE``.
@@ -28,19 +30,22 @@ import sys
 import time
 
 T0 = float(os.environ.get("PHASES_T0", time.time()))
-MARKS: list[tuple[str, float]] = [("start", time.time())]
+MARKS: list[tuple[str, float, float]] = [("start", time.time(), time.thread_time())]
 
 
 def mark(name: str) -> None:
-    MARKS.append((name, time.time()))
+    MARKS.append((name, time.time(), time.thread_time()))
 
 
 def report() -> None:
     mark("atexit_others")
     out = {"python_start": round(MARKS[0][1] - T0, 4)}
-    for (_, before), (name, at) in zip(MARKS, MARKS[1:], strict=False):
+    cpu = {"python_start": round(MARKS[0][2], 4)}
+    for (_, before, cpu_before), (name, at, cpu_at) in zip(MARKS, MARKS[1:], strict=False):
         out[name] = round(at - before, 4)
+        cpu[name] = round(cpu_at - cpu_before, 4)
     sys.stderr.write("PHASES " + json.dumps(out) + "\n")
+    sys.stderr.write("PHASES_CPU " + json.dumps(cpu) + "\n")  # the main thread's CPU per phase
 
 
 atexit.register(report)  # registered first: runs last

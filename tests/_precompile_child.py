@@ -37,7 +37,8 @@ ENV_BEFORE = environment_digest()
 #: modules, and torch._inductor.debug with the scheduler and IR it imports; inductor_backend:
 #: torch.compile's minifier wrapper, after_dynamo, with AOTAutograd's partitioners and networkx;
 #: restored_code: cpp_extension and setuptools for the CPU kernels' command lines;
-#: tests/test_precompile.py).
+#: precompile.lazy_globals: the decomposition table (with torch.ao.quantization.fx) that every
+#: saved graph names; tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
                 "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
@@ -49,7 +50,8 @@ COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.loop_body", "torch._dynamo.repro.after_aot",
                 "torch._dynamo.repro.after_dynamo", "torch._dynamo.testing",
                 "torch._functorch.aot_autograd", "torch._functorch.partitioners", "networkx",
-                "torch.utils.cpp_extension", "setuptools")
+                "torch.utils.cpp_extension", "setuptools", "torch._inductor.decomposition",
+                "torch.ao.quantization.fx")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
 
 

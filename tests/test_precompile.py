@@ -220,7 +220,8 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
     forward, none of the modules only a compile needs (Inductor's compile_fx, its FX passes and
     pattern matcher; the code generator, the scheduler, lowering, select_algorithm and the GEMM
     kernel modules; torch._inductor.debug, the IR and after_aot; after_dynamo, AOTAutograd's
-    partitioners and networkx) has been imported. Torch's own ``torch.compile`` imports
+    partitioners and networkx; the decomposition table every saved graph names, which a start
+    reads lazily: compile_cache.torch_compat.precompile.lazy_globals) has been imported. Torch's own ``torch.compile`` imports
     compile_fx at once (torch._inductor.compile_fx.get_patched_config_dict) and after_dynamo
     (eval_frame.get_compiler_fn, compile_cache.torch_compat.inductor_backend), the restored
     kernels' code imports memory_planning and select_algorithm, a cache hit imports
@@ -239,6 +240,7 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
     assert "torch._inductor.select_algorithm" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "torch._inductor.debug" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "networkx" in nodes["publish"]["plain"]["compile_only_modules"]
+    assert "torch._inductor.decomposition" in nodes["publish"]["plain"]["compile_only_modules"]
 
 
 def test_the_publisher_saves_entries_when_they_compile_not_in_a_training_step(

@@ -60,6 +60,7 @@ from ...errors import PrecompileDeclined
 from .. import available, capability, mark_missing
 from .guards import GuardReport, make_guard_filter, unsupported_guard_types
 from .isolation import IsolatedCall, compile_group_isolated, compile_isolated
+from .lazy_globals import lazy_entry_reads
 from .names import ENTRY_FORMAT, entry_name, region_function
 from .names import advance_unique_ids as _advance_unique_ids
 from .pins import Pins, verify
@@ -249,7 +250,8 @@ class PrecompiledFunction:
             # guard as they are (ImportSource: __import__('torch'), Mamba's), which needs a
             # tracing context that torch 2.13 sets up only for entries with a compile id: a
             # throwaway one here, so such an entry loads instead of failing.
-            with dynamo_config.patch(caching_precompile=True), tracing(TracingContext(None)):
+            with dynamo_config.patch(caching_precompile=True), tracing(TracingContext(None)), \
+                    lazy_entry_reads():
                 # torch.compile pops guard_filter_fn out of the dict it is given: pass a copy.
                 self.compiled = torch.compile(fn, options=dict(options), **kwargs)
             self.package = _package_of(self.compiled)

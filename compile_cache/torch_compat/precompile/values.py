@@ -39,6 +39,8 @@ import tempfile
 import threading
 from typing import Any
 
+from . import lazy_globals
+
 logger = logging.getLogger("compile_cache")
 
 __all__ = ["EntryCheck", "ValueRecorder", "check_entry", "describe_value", "graph_digest"]
@@ -142,7 +144,8 @@ def check_entry(path: str, records: dict[str, dict[str, str]]) -> EntryCheck:
     result = EntryCheck()
     with open(path, "rb") as f:
         data = f.read()
-    entry = pickle.loads(data)  # noqa: S301 - torch reads this very file with pickle next
+    # As torch reads it next (.lazy_globals: without importing what only a compile calls).
+    entry = lazy_globals.loads(data)
     main, *resumes = entry.dynamo.codes
     for code in resumes:
         for guarded in code.guarded_codes:
@@ -151,16 +154,19 @@ def check_entry(path: str, records: dict[str, dict[str, str]]) -> EntryCheck:
                 result.dropped.append(f"a resume function's graph: {reason}")
                 return _remove(path, result)
     kept = []
-    for guarded in main.guarded_codes:
+    for index, guarded in enumerate(main.guarded_codes):
         reason = _prove(guarded.guards_state, records, result)
         if reason is None:
-            kept.append(guarded)
+            kept.append(index)
         else:
             result.dropped.append(reason)
     if not kept:
         return _remove(path, result)
     if len(kept) != len(main.guarded_codes):
-        main.guarded_codes = kept
+        # Rewritten from torch's own objects (plain pickle: no stand-in in what torch reads).
+        entry = pickle.loads(data)  # noqa: S301 - the file read above, torch's format
+        main = entry.dynamo.codes[0]
+        main.guarded_codes = [main.guarded_codes[i] for i in kept]
         _write_atomic(path, pickle.dumps(entry))
     return result
 
