@@ -6,6 +6,7 @@ TRITON_CACHE_DIR; see _common.fresh_node_env) with a store that bench_cold_start
 
     python benchmarks/restored_start_phases.py forward regional /path/to/store
     python benchmarks/restored_start_phases.py train eager
+    PHASES_MODEL=12x768 python benchmarks/restored_start_phases.py forward regional /path/to/store
 
 It prints one line ``PHASES {...}`` on stderr at the last ``atexit`` handler: seconds spent
 importing torch, in transformers and building the model, importing compile_cache, in
@@ -60,7 +61,8 @@ def main() -> None:
     mark("import_torch")
     from _common import build_model
 
-    model, tokens = build_model("gpt2", 4, 256, 128, heads=4, device="cpu", dtype="float32")
+    layers, width = (int(n) for n in os.environ.get("PHASES_MODEL", "4x256").split("x"))
+    model, tokens = build_model("gpt2", layers, width, 128, heads=width // 64, device="cpu", dtype="float32")
     train = mode == "train"
     model.train(train)
     mark("transformers_build")

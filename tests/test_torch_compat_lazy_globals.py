@@ -44,6 +44,9 @@ fn = got["graph"]["get_decomp_fn"]
 out["stand_in"] = isinstance(fn, lazy_globals.LazyGlobal)
 out["other_values"] = got["graph"]["is_inference"] is True and got["n"] == 3
 out["after_loads"] = MOD in sys.modules
+# an entry saved by a process that had read one lazily spells the global pkgutil.resolve_name(...)
+again = lazy_globals.loads(bytes.fromhex(sys.argv[2]))["f"]
+out["resaved_stand_in"] = again is fn and MOD not in sys.modules
 out["deepcopy_is_self"] = copy.deepcopy(got)["graph"]["get_decomp_fn"] is fn
 out["copy_is_self"] = copy.copy(fn) is fn
 out["after_copies"] = MOD in sys.modules
@@ -72,13 +75,17 @@ def test_an_entry_reads_without_importing_the_decomposition_table(tmp_path: Path
 
     blob = pickle.dumps({"graph": {"get_decomp_fn": select_decomp_table, "is_inference": True},
                          "n": 3}, protocol=pickle.HIGHEST_PROTOCOL)
-    done = subprocess.run([sys.executable, "-c", CHILD, blob.hex()], env=fresh_node_env(tmp_path),
+    resaved = pickle.dumps({"f": lazy_globals.LAZY_GLOBALS[
+        ("torch._inductor.decomposition", "select_decomp_table")]}, protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"resolve_name" in resaved
+    done = subprocess.run([sys.executable, "-c", CHILD, blob.hex(), resaved.hex()], env=fresh_node_env(tmp_path),
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("LAZY "))
     out = json.loads(line[len("LAZY "):])
     assert out == {
         "before": False, "stand_in": True, "other_values": True, "after_loads": False,
+        "resaved_stand_in": True,
         "deepcopy_is_self": True, "copy_is_self": True, "after_copies": False,
         "torch_read_inside": True, "other_thread_real": True, "other_thread_is_torchs": True,
         "call_gives_torchs_table": True, "repickled_is_torchs": True, "outside_real": True,

@@ -11,7 +11,9 @@ loaded graph's ``fx_kwargs`` are read only for flags such as ``is_inference``).
 stand-in that imports the module and calls the function the first time it is called, so
 anything that does call it gets torch's own table. A stand-in pickles again as a call of
 ``pkgutil.resolve_name("torch._inductor.decomposition:select_decomp_table")``: any process that
-reads it back (torch's own ``pickle.loads`` included) gets torch's function itself. When the
+reads it back (torch's own ``pickle.loads`` included) gets torch's function itself, and
+:func:`loads` the stand-in again (a train entry saved by a process that loaded the forward
+entry lazily holds that spelling: read eagerly, it imported the module on every later start). When the
 module is already imported (a process that compiled), the real function is returned, as
 ``pickle`` would.
 
@@ -92,8 +94,21 @@ class LazyGlobal:
 LAZY_GLOBALS[(_MODULE, _NAME)] = LazyGlobal(_MODULE, _NAME)
 
 
+def _resolve_name_lazily(target: str) -> Any:
+    """``pkgutil.resolve_name(target)``, except that a lazy global's name gives its stand-in
+    while its module is not imported: an entry written by a process that had read one lazily
+    (a loaded backend saved again with a new one) spells the global that way."""
+    module, _, name = target.partition(":")
+    stand_in = LAZY_GLOBALS.get((module, name))
+    if stand_in is not None and module not in sys.modules:
+        return stand_in
+    return pkgutil.resolve_name(target)
+
+
 class _LazyUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("pkgutil", "resolve_name"):
+            return _resolve_name_lazily
         stand_in = LAZY_GLOBALS.get((module, name))
         if stand_in is not None and module not in sys.modules:
             return stand_in
