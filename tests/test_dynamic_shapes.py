@@ -370,3 +370,22 @@ def test_new_prompt_lengths_on_fresh_nodes_compile_nothing_after_two_nodes(tmp_p
         assert any(code.startswith("region_") and names.owner_of(code).endswith("__cache")
                    and "dim 1" in " ".join(inputs) for code, inputs in records.items()), records
         assert any(code.startswith("part_") and names.INFIX in code for code in got["record_codes"]), got
+
+
+@pytest.mark.inductor
+def test_dynamic_false_compiles_a_static_graph_per_length_on_fresh_nodes(tmp_path, build_machine):
+    """``dynamic=False`` on nodes sharing one store, against eager: a tiny Llama's generate() at
+    20 tokens publishes; a fresh node at 14 tokens restores those packs, yet its prefill and decode
+    steps at the new lengths compile static graphs of their own (no restored decision makes an
+    input dynamic), and ``explain``'s partial-hit causes say the pin is why. (``dynamic=False``
+    is part of the key: the store's dynamic entries of the same model are never this one's.)"""
+    store = tmp_path / "store"
+    first = _node(build_machine, store, 20, "static", "llama")["llama"]
+    second = _node(tmp_path / "node-14", store, 14, "static", "llama")["llama"]
+    drop_precompiled_headers(tmp_path)
+    for got in (first, second):
+        assert got["equal"] and not got["errors"] and got["dynamic_inputs"] == {}, got
+    assert first["fx_misses"] > 0 and first["published_packs"] > 0, first
+    assert second["key"] == first["key"] and second["restored_packs"] > 0, second
+    assert second["fx_misses"] > 0, second  # the new lengths: graphs of their own
+    assert any("dynamic=False pins static graphs" in cause for cause in second["partial_causes"]), second
