@@ -123,6 +123,15 @@ def test_only_the_newest_misses_are_kept(tmp_path: Path) -> None:
     assert len(list(store.layout.misses_dir.iterdir())) == misses.MISS_KEEP
 
 
+def test_a_record_with_a_time_that_is_no_number_is_listed_last_not_a_crash(tmp_path: Path) -> None:
+    """Miss records come from every writer of a shared store: a bad one must not break explain."""
+    store = Store(tmp_path / "store")
+    misses.record_miss(store, "a" * 32, {"model_class": "M"}, "why")
+    bad = {"key": "b" * 32, "time": "soon", "reason": "?", "record": {}}
+    (store.layout.misses_dir / f"{'b' * 32}.json").write_text(json.dumps(bad))
+    assert [m["key"] for m in misses.last_misses(store)] == ["a" * 32, "b" * 32]
+
+
 @pytest.mark.inductor
 def test_omp_num_threads_miss_is_named_with_both_counts(
     warmed: tuple[Path, dict[str, Any]], tmp_path: Path

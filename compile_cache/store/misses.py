@@ -96,8 +96,14 @@ def _records(store: StoreFiles) -> list[dict[str, Any]]:
         data, _garbage = store.fs.read_json(store.layout.misses_dir / name)
         if isinstance(data, dict) and isinstance(data.get("key"), str):
             out.append(data)
-    out.sort(key=lambda d: float(d.get("time") or 0.0), reverse=True)
+    out.sort(key=_when, reverse=True)
     return out
+
+
+def _when(record: Mapping[str, Any]) -> float:
+    """A record's time; 0 when it is not a number (another writer's record is not trusted)."""
+    value = record.get("time")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def last_misses(store: StoreFiles, limit: int = MISS_KEEP) -> list[dict[str, Any]]:

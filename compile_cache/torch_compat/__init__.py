@@ -29,6 +29,8 @@ breaks; :mod:`.kv.calls`, how a block with a cache is called: the eager update o
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ __all__ = [
     "capability",
     "degraded",
     "mark_missing",
+    "module_source",
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
@@ -93,6 +96,20 @@ def capability(name: str, *, needs: str, breaks: str) -> Callable[[Callable[[], 
         return probe
 
     return register
+
+
+def module_source(module: str) -> tuple[str, str] | None:
+    """(file, text) of the source of torch's module ``module``, found without importing it (a
+    probe must not pay the import it is there to avoid), or None when it has no readable source
+    file. For probes that check torch's code as text."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            return spec.origin, f.read()
+    except OSError:
+        return None
 
 
 def _probe(name: str) -> str | None:

@@ -68,7 +68,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import available, capability, mark_missing
+from . import available, capability, mark_missing, module_source
 
 __all__ = ["CAPABILITY", "CPP_PATHS_CAPABILITY", "EXTERN_KERNELS", "install", "install_for", "UnknownSource",
            "cpp_extension", "cpp_extension_paths", "include_paths", "installed", "library_paths", "lighten",
@@ -305,11 +305,10 @@ def _probe() -> str | None:
     "cpp_extension, and with it setuptools (~75 modules)",
 )
 def _probe_cpp_paths() -> str | None:
-    spec = importlib.util.find_spec(_CPP_EXTENSION)
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+    found = module_source(_CPP_EXTENSION)
+    if found is None:
         return f"{_CPP_EXTENSION} has no source file"
-    with open(spec.origin, encoding="utf-8") as f:
-        text = f.read()
+    text = found[1]
     for lines in _CPP_EXTENSION_LINES:
         if text.count(lines) != 1:
             return f"{_CPP_EXTENSION} no longer has {lines.strip().splitlines()[0]!r} as known"

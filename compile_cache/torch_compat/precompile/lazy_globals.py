@@ -32,7 +32,6 @@ Capability ``dynamo.lazy_decomp_table``: torch's source still defines
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import logging
 import os
@@ -44,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import available, capability
+from .. import available, capability, module_source
 
 logger = logging.getLogger("compile_cache")
 
@@ -200,14 +199,13 @@ def identity_comparisons(text: str) -> list[str]:
 def _probe_lazy_decomp_table() -> str | None:
     import torch._dynamo.package as package
 
-    spec = importlib.util.find_spec(_MODULE)
-    if spec is None or not spec.origin:
-        return f"{_MODULE} not found"
-    with open(spec.origin, encoding="utf-8") as f:
-        source = f.read()
+    found = module_source(_MODULE)
+    if found is None:
+        return f"{_MODULE} has no readable source file"
+    origin, source = found
     if not re.search(rf"^def {_NAME}\(\)", source, re.MULTILINE):
         return f"{_MODULE} defines no top-level {_NAME}() without parameters"
-    torch_dir = os.path.dirname(os.path.dirname(spec.origin))
+    torch_dir = os.path.dirname(os.path.dirname(origin))
     for name in _HOLDERS:
         try:
             with open(os.path.join(torch_dir, name), encoding="utf-8") as f:
