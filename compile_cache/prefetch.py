@@ -104,11 +104,15 @@ def start_for(
     header (``COMPILE_CACHE_PREFETCH_HEADER``, default on): torch builds it on the compiling
     thread at the first kernel, after the ISA probe, ~7 s of g++ on one core with nothing else
     to do; started here, it overlaps Dynamo's trace and the probe's builds (the paired runs are in
-    benchmarks/RESULTS.md). A restored start builds none: its kernels are all there."""
+    benchmarks/RESULTS.md). A restored start builds none: its kernels are all there, and so are
+    the probe's test libraries, which the restore answers as the publisher's probe did (planning
+    their builds would only find them present: ~8 ms of the start's thread, issue 38)."""
     tensors = itertools.chain(model.parameters(), model.buffers())
     if not wants_cpu_inductor(tensors, compile_kwargs):
         return None
-    if cold and config.PREFETCH_HEADER.value() and defer_header_for(model, compile_kwargs):
+    if not cold:
+        return None
+    if config.PREFETCH_HEADER.value() and defer_header_for(model, compile_kwargs):
         cpp_header.start_background_build()
     return start_probe_builds()
 

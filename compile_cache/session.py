@@ -31,7 +31,6 @@ from torch import nn
 
 from . import _warnings, artifacts, capture, config, local_dirs, publisher, recovery
 from .errors import CompileCacheError, ConfigError, UnsafeStoreError
-from .explain import CacheMissWarning, explain, partial_causes
 from .precompiled import PrecompileTracker
 from .report import CacheReport
 from .session_publish import SessionPublisher
@@ -295,6 +294,8 @@ class CacheSession:
     def _explain_partial(self) -> None:
         """The key was in the store, yet this start compiled graphs: why
         (``report.partial_causes``), recorded for ``python -m compile_cache explain``."""
+        from .explain import partial_causes  # a start that hits whole needs no explain (issue 38)
+
         owners = capture.group_codes(self.owners)
         guards = {}
         for code, reasons in list(dynamo.guard_failures().items()):
@@ -317,6 +318,8 @@ class CacheSession:
         """Names why the key is not in the store (``report.miss_reason``), records the miss for
         ``python -m compile_cache explain``, and warns once when entries of the same model are
         there (a miss the user did not expect)."""
+        from .explain import CacheMissWarning, explain
+
         try:
             explanation = explain(self.key, self._entry_info, misses.entry_records(self.store),
                                   str(self.store.root))

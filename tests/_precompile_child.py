@@ -26,6 +26,7 @@ from torch._dynamo.utils import counters
 
 import compile_cache
 from compile_cache.keys import environment_digest
+from compile_cache.torch_compat import isa
 from compile_cache.torch_compat import precompile as pc
 
 STORE, PHASE = sys.argv[1], sys.argv[2]
@@ -38,7 +39,8 @@ ENV_BEFORE = environment_digest()
 #: torch.compile's minifier wrapper, after_dynamo, with AOTAutograd's partitioners and networkx;
 #: restored_code: cpp_extension and setuptools for the CPU kernels' command lines;
 #: precompile.lazy_globals: the decomposition table (with torch.ao.quantization.fx) that every
-#: saved graph names; tests/test_precompile.py).
+#: saved graph names; compile_cache.session: compile_cache.explain, which says why a start
+#: missed or compiled; tests/test_precompile.py).
 COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.pre_grad",
                 "torch._inductor.fx_passes.joint_graph", "torch._inductor.constant_folding",
@@ -51,8 +53,21 @@ COMPILE_ONLY = ("torch._inductor.compile_fx", "torch._inductor.pattern_matcher",
                 "torch._dynamo.repro.after_dynamo", "torch._dynamo.testing",
                 "torch._functorch.aot_autograd", "torch._functorch.partitioners", "networkx",
                 "torch.utils.cpp_extension", "setuptools", "torch._inductor.decomposition",
-                "torch.ao.quantization.fx")
+                "torch.ao.quantization.fx", "compile_cache.explain")
 X = torch.randn(4, m.D, generator=torch.Generator().manual_seed(0))
+
+#: How often this process planned the ISA probe's test-library builds (compile_cache.prefetch:
+#: a start that restored its packs plans none; its restore answers torch's probe).
+ISA_PLANS = [0]
+_plan_probe_builds = isa.plan_probe_builds
+
+
+def _counted_plan_probe_builds():
+    ISA_PLANS[0] += 1
+    return _plan_probe_builds()
+
+
+isa.plan_probe_builds = _counted_plan_probe_builds
 
 
 def seeded(build):
@@ -90,6 +105,7 @@ class Case:
     def check(self, label: str, got, want) -> None:
         self.rec["diffs"][label] = maxdiff(got, want)
         self.rec.setdefault("compile_only_modules", sorted(m for m in COMPILE_ONLY if m in sys.modules))
+        self.rec.setdefault("isa_probe_plans", ISA_PLANS[0])
 
     def __exit__(self, kind, exc, tb) -> bool:
         self._warnings.__exit__(None, None, None)

@@ -221,7 +221,9 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
     pattern matcher; the code generator, the scheduler, lowering, select_algorithm and the GEMM
     kernel modules; torch._inductor.debug, the IR and after_aot; after_dynamo, AOTAutograd's
     partitioners and networkx; the decomposition table every saved graph names, which a start
-    reads lazily: compile_cache.torch_compat.precompile.lazy_globals) has been imported. Torch's own ``torch.compile`` imports
+    reads lazily: compile_cache.torch_compat.precompile.lazy_globals; compile_cache.explain, which
+    only a miss or a partial hit asks) has been imported, and the ISA probe's test-library builds
+    were not planned (the restore answers torch's probe: compile_cache.prefetch). Torch's own ``torch.compile`` imports
     compile_fx at once (torch._inductor.compile_fx.get_patched_config_dict) and after_dynamo
     (eval_frame.get_compiler_fn, compile_cache.torch_compat.inductor_backend), the restored
     kernels' code imports memory_planning and select_algorithm, a cache hit imports
@@ -235,7 +237,10 @@ def test_a_start_that_restores_everything_imports_no_compile_stack(
         assert "error" not in case, case.get("traceback")
         assert case["frames_traced"] == 0 and case["fxgraph_misses"] == 0, name  # all restored
         assert case["compile_only_modules"] == [], name
-    # the same check where something compiled: it can fail
+        assert case["isa_probe_plans"] == 0, name  # restored: torch's probe is answered
+    # the same checks where something compiled: they can fail
+    assert nodes["publish"]["plain"]["isa_probe_plans"] == 1
+    assert "compile_cache.explain" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "torch._inductor.compile_fx" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "torch._inductor.select_algorithm" in nodes["publish"]["plain"]["compile_only_modules"]
     assert "torch._inductor.debug" in nodes["publish"]["plain"]["compile_only_modules"]

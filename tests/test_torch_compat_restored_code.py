@@ -290,3 +290,21 @@ def test_a_kernels_command_line_is_torchs_without_cpp_extension(tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "ours": [], "torchs": ["torch.utils.cpp_extension", "setuptools"]}
+
+
+def test_a_function_is_recompiled_from_its_source_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capability's probe and its install ask for the same recompiled code: torch's source is
+    read once (reading and tokenizing it was most of a restored start's probes, issue 38)."""
+    import inspect
+
+    reads = []
+    read = inspect.getsourcelines
+    monkeypatch.setattr(inspect, "getsourcelines", lambda f: reads.append(f) or read(f))
+    monkeypatch.setattr(restored_code, "_recompiled", {}, raising=False)  # a fresh process
+    lines = (("    if (not skipkeys and", "    if (not  skipkeys and"),)
+    first = restored_code.recompile(json.dumps, json, lines, "def dumps(")
+    again = restored_code.recompile(json.dumps, json, lines, "def dumps(")
+    assert again is first and reads == [json.dumps]
+    other = restored_code.recompile(json.dumps, json, (), "def dumps(")  # other lines: its own code
+    assert other is not first and reads == [json.dumps, json.dumps]
+    assert first.co_firstlineno == json.dumps.__code__.co_firstlineno

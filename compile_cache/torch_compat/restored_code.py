@@ -420,7 +420,23 @@ def _call_code() -> Any:
 def recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], ...], start: str) -> Any:
     """The code of torch's ``function`` (defined in ``module``) compiled from its source with
     each of ``lines`` (old, new) exchanged once, in the module's namespace, with the same file
-    name and line numbers."""
+    name and line numbers. Once per process for each function and lines: a capability's probe
+    and its install ask for the same code (reading torch's source is most of a start's probes)."""
+    memo_key = (function, module.__name__, lines, start)
+    with _recompile_lock:
+        code = _recompiled.get(memo_key)
+    if code is None:
+        code = _recompile(function, module, lines, start)
+        with _recompile_lock:
+            code = _recompiled.setdefault(memo_key, code)
+    return code
+
+
+_recompile_lock = threading.Lock()
+_recompiled: dict[tuple[Any, ...], types.CodeType] = {}
+
+
+def _recompile(function: Any, module: ModuleType, lines: tuple[tuple[str, str], ...], start: str) -> Any:
     import __future__
 
     import inspect
