@@ -324,17 +324,21 @@ class RemoteTier:
         jobs: list[Callable[[], Any]] = [
             functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n])
             for n in missing]
+        side_by_side = len(jobs) > 1  # one pack: entry.json after it, on its connection
         if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
             jobs.append(functools.partial(self.backend.get, self.layout.entry_json(key), MAX_JSON_BYTES))
-        return self._transfer(jobs), local_json
+        return self._transfer(jobs, side_by_side), local_json
 
-    def _transfer(self, jobs: list[Callable[[], Any]]) -> list[Any]:
+    def _transfer(self, jobs: list[Callable[[], Any]], side_by_side: bool = True) -> list[Any]:
         """Each job's result, in order. The first job runs in this thread; with a backend that
-        allows it (:attr:`~.backends.base.RetryingBackend.parallel`), the others run meanwhile on
-        at most :data:`PARALLEL_GETS` threads of their own (network I/O and decompression only:
-        they import nothing, see :meth:`prefetch`). When a job raises, the jobs not started are
-        cancelled, the others waited for and their temp files removed, and it is raised."""
-        if len(jobs) < 2 or not getattr(self.backend, "parallel", False):
+        allows it (:attr:`~.backends.base.RetryingBackend.parallel`) and ``side_by_side`` (more
+        than one pack: the start waits for the slowest, not for their sum), the others run
+        meanwhile on at most :data:`PARALLEL_GETS` threads of their own (network I/O and
+        decompression only: they import nothing, see :meth:`prefetch`); else one after another
+        here (one pack and entry.json: a thread and a connection fewer, whose start takes the
+        GIL from the job's thread). When a job raises, the jobs not started are cancelled, the
+        others waited for and their temp files removed, and it is raised."""
+        if len(jobs) < 2 or not side_by_side or not getattr(self.backend, "parallel", False):
             results: list[Any] = []
             try:
                 for job in jobs:
