@@ -8,7 +8,8 @@ tier works with the local store's parts (:meth:`RemoteTier.attach`: its files, c
 checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
-  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``), check each as a load does (limits, checksum,
+  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``; a compressed object of up to 64 MiB into memory,
+  then expanded straight into its temp file), check each as a load does (limits, checksum,
   signature, members, its content name) before it is put in place; then restore from local disk.
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
