@@ -8,7 +8,7 @@ tier works with the local store's parts (:meth:`RemoteTier.attach`: its files, c
 checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
-  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``; a compressed object of up to 64 MiB into memory,
+  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``; a compressed object of up to 16 MiB into memory,
   then expanded straight into its temp file), check each as a load does (limits, checksum,
   signature, members, its content name) before it is put in place; then restore from local disk.
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
@@ -72,8 +72,9 @@ _LOCAL_ONLY = frozenset({"stored_bytes", "size_recounts", "evictions", "evicted_
 _CONDITIONAL_PUT_MAX = 64 << 20
 #: A compressed pack object up to this size is downloaded into memory and expanded straight
 #: into its temp file (fewer file calls on the download's thread, each a GIL round trip while
-#: the job's thread imports); a larger one goes through a temp file of its own.
-_IN_MEMORY_MAX = 64 << 20
+#: the job's thread imports); a larger one goes through a temp file of its own. At most
+#: 1 + PARALLEL_GETS downloads at once: 80 MiB of memory at worst (issue 15's bound is 300 MB).
+_IN_MEMORY_MAX = 16 << 20
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
