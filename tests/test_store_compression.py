@@ -206,12 +206,40 @@ def test_a_damaged_compressed_object_is_quarantined(
     info = store.publish(K1, MEMBERS, compile_seconds=1.0)
     obj = store.remote.layout.pack_object(K1, info.name, compressed=True)
     frame = store.remote.backend.get(obj, 1 << 20)
-    store.remote.backend.put(obj, _with_declared_size(frame, len(frame) * 100)
-                             if frame[4] >> 6 >= 2 else frame[:-50])
+    damaged = _with_declared_size(frame, len(frame) * 100) if frame[4] >> 6 >= 2 else frame[:-50]
+    store.remote.backend.put(obj, damaged)
     _fresh_node(tmp_path, monkeypatch, "reader")
     reader = Store(memory_url)
     assert reader.load(K1) == [] and reader.stats()["corrupt"] == 1
     assert info.name not in reader.remote.listing().get(K1, type("E", (), {"packs": {}})).packs
+    # The URL's quarantine holds the object as it came (downloaded into memory, never a file).
+    held = [n for n in reader.remote.backend.list("") if "quarantine" in n and info.name in n]
+    assert len(held) == 1 and reader.remote.backend.get(held[0], 1 << 20) == damaged
+
+
+def test_a_compressed_pack_is_expanded_from_memory_into_its_one_temp_file(
+    memory_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compressed object of a few MB is downloaded into memory and expanded straight into
+    its temp file: one file written per pack (no compressed copy written, then read back)."""
+    from compile_cache.store.fs import StoreFS
+
+    store = Store(memory_url)
+    info = store.publish(K1, MEMBERS, compile_seconds=1.0)
+    _fresh_node(tmp_path, monkeypatch, "reader")
+    reader = Store(memory_url)
+    created: list[str] = []
+    real = StoreFS.create
+
+    def recording(self, path, *args, **kwargs):
+        created.append(Path(path).name)
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(StoreFS, "create", recording)
+    packs = reader.load(K1)
+    assert [p.info.name for p in packs] == [info.name] and dict(packs[0].members.items()) == MEMBERS
+    assert len(created) == 1 and created[0].startswith(f".{info.name}.pack.tmp-"), created
+    assert reader.stats()["bytes_downloaded"] == reader.remote.listing()[K1].packs[info.name]
 
 
 # -- export archives -------------------------------------------------------------------------------

@@ -269,3 +269,38 @@ def test_listing_times_parse_without_strptime_and_gcs_preloads_no_xml() -> None:
             "print(GcsBackend.xml_listing, AzureBackend.xml_listing)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split() == ["False", "False", "False", "True"], done.stdout + done.stderr
+
+
+def test_xml_listings_parse_with_expat_and_no_client_preloads_elementtree() -> None:
+    """S3's and Azure's listing pages are parsed by expat directly (:func:`parse_xml`): the
+    namespace dropped, entities decoded, a page that is not XML a fault; no client's ``preload``
+    (on a start's thread; Azure's is S3's, :class:`~.rest.HttpBackend`'s) imports ``xml.etree`` (3 ms)."""
+    import pyexpat
+    import subprocess
+    import sys
+
+    from compile_cache.store.backends.rest import parse_xml
+
+    page = parse_xml(b'<?xml version="1.0"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                     b"<IsTruncated>true</IsTruncated><Contents><Key>a/b&amp;c</Key><Size>12</Size></Contents>"
+                     b"<Contents><Key>d</Key></Contents><NextContinuationToken>t==</NextContinuationToken>"
+                     b"</ListBucketResult>")
+    assert page.tag == "ListBucketResult" and page.findtext("IsTruncated") == "true"
+    assert [(c.findtext("Key"), c.findtext("Size")) for c in page.iter("Contents")] == [("a/b&c", "12"), ("d", None)]
+    assert page.findtext("NextContinuationToken") == "t==" and page.findtext("NextMarker") is None
+    blobs = parse_xml(b"<EnumerationResults><Blobs><Blob><Name>n</Name><Properties><Content-Length>5"
+                      b"</Content-Length></Properties></Blob></Blobs><NextMarker/></EnumerationResults>")
+    assert [(b.findtext("Name"), b.findtext("Properties/Content-Length")) for b in blobs.iter("Blob")] == [("n", "5")]
+    assert blobs.findtext("NextMarker") == ""
+    for bad in (b"<a><b></a>", b"", b"not xml"):
+        with pytest.raises(pyexpat.ExpatError):
+            parse_xml(bad)
+    assert list(parse_xml(b"<a>" * 50_000 + b"</a>" * 50_000).iter("Contents")) == []  # no recursion
+    code = ("import sys\n"
+            "from compile_cache.store.backends.s3 import S3Backend\n"
+            "from compile_cache.store.backends.s3_auth import Credentials, S3Settings\n"
+            "s3 = S3Settings(Credentials('a', 'b'), 'us-east-1', 'http', '127.0.0.1:1', True, 'http://127.0.0.1:1')\n"
+            "S3Backend('s3://b/p', s3).preload()\n"
+            "print('xml.etree.ElementTree' in sys.modules, 'pyexpat' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr

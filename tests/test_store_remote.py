@@ -703,3 +703,61 @@ def test_a_prefetch_checks_each_pack_on_its_threads(s3_url: str, tmp_path: Path,
     assert reader.prefetch(K1) is True
     assert _loaded(reader.load(K1)) == THREE
     assert len(checked) == 3 and threading.current_thread().name not in checked, checked
+
+
+def test_a_new_local_tier_is_counted_exact_without_a_walk(s3_url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local tier this process made is empty: its first fetch's cap check walks nothing, and
+    its size counter is exact (the packs, entry.json), calibrated as by one recount; a tier that
+    was there already, of unknown size, is still walked once."""
+    from compile_cache.store import maintenance
+
+    reader = _three_packs(s3_url, tmp_path, monkeypatch)
+    walks: list[str] = []
+    real = maintenance.total_size
+
+    def walking(parts):
+        walks.append(str(parts.fs.root))
+        return real(parts)
+
+    monkeypatch.setattr(maintenance, "total_size", walking)
+    assert _loaded(reader.load(K1)) == THREE
+    assert walks == []
+    size, calibrated = reader.counters.tracked_size()
+    assert calibrated and size == real(reader.parts) > sum(len(v) for m in THREE for v in m.values())
+    assert reader.counters.totals()["size_recounts"] == 1
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-there"))
+    Store(s3_url).root.mkdir(parents=True, exist_ok=True)  # made by an earlier process: not new
+    for shard in (tmp_path / "tier-there").rglob("stats/*"):
+        shard.unlink()  # what that process counted is lost: the size is unknown
+    old = Store(s3_url)
+    assert _loaded(old.load(K1)) == THREE
+    assert walks == [str(old.root)]
+
+
+def test_one_pack_and_its_entry_json_come_one_after_the_other_on_the_prefetch_thread(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry of one pack: its GET and entry.json's run on the prefetch's thread, one after the
+    other (no download thread, no second connection, whose start would take the GIL from the
+    job's thread); several packs still come side by side (above)."""
+    import threading
+
+    from compile_cache.store.backends.s3 import S3Backend
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
+    assert Store(s3_url).publish(K1, MEMBERS, entry_info={"model_class": "M"}, compile_seconds=1.0)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    requests: list[tuple[str, str]] = []
+    real = S3Backend._object
+
+    def recording(self, method, name, *args, **kwargs):
+        requests.append((threading.current_thread().name, name.rsplit("/", 1)[-1]))
+        return real(self, method, name, *args, **kwargs)
+
+    monkeypatch.setattr(S3Backend, "_object", recording)
+    assert reader.prefetch(K1) is True
+    assert _loaded(reader.load(K1)) == [MEMBERS]
+    assert [t for t, _name in requests] == ["compile-cache-prefetch"] * 2, requests
+    assert requests[-1][1] == "entry.json"
+    assert (reader.root / "v1" / "entries" / K1[:2] / K1 / "entry.json").is_file()

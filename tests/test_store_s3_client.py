@@ -8,6 +8,7 @@ tiny HTTP server in this process that answers every request with one status.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import os
 import threading
@@ -366,6 +367,26 @@ def test_keys_from_a_profile_use_the_small_client(clean_env: Path, monkeypatch: 
     monkeypatch.setenv("AWS_CA_BUNDLE", str(clean_env / "ca.pem"))
     chosen, _ = settings("s3://bkt/p")
     assert chosen is not None and chosen.ca_bundle == str(clean_env / "ca.pem")
+
+
+def test_keys_in_the_environment_and_no_config_file_import_no_configparser(clean_env: Path) -> None:
+    """A fresh node with its keys in the environment and no ~/.aws files reads no file, and its
+    start imports no configparser (5 ms); a config file that exists is still read."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom compile_cache.store.backends.s3_auth import settings\n"
+            "chosen, why = settings('s3://bkt/p')\nassert chosen is not None, why\n"
+            "print(chosen.region, 'configparser' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "COMPILE_CACHE_"))}
+    env.update(AWS_ACCESS_KEY_ID="AKID", AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="eu-west-3",
+               HOME=str(clean_env), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=60, check=True)
+    assert run().stdout.split() == ["eu-west-3", "False"]
+    (clean_env / ".aws" / "config").write_text("[default]\nregion = eu-north-1\n")
+    env.pop("AWS_DEFAULT_REGION")
+    assert run().stdout.split() == ["eu-north-1", "True"]
 
 
 @pytest.mark.parametrize("setup", ["nothing", "role", "process", "web identity", "proxy", "forced"])

@@ -208,6 +208,14 @@ class Counters:
             logger.debug("compile cache %s: size counter corrected from %d to %d bytes",
                          self.fs.root, current, exact)
 
+    def exact_when_new(self) -> None:
+        """The store was made empty just now by this process: its size counter (0, no shard
+        yet) is exact. Counted as a recount of 0 bytes, as a walk of the empty tree would be, but
+        without the walk, and written with the next update (a process that ends first leaves
+        the tier uncalibrated: the next one walks it, as before)."""
+        with _bump_lock:
+            add_counts(self.pending, {Counter.SIZE_RECOUNTS.value: 1})
+
     def zero(self, size: int | None = None) -> None:
         """Remove every shard (and forget the counts not written yet); with ``size``, the size
         counter starts again at that exact size (it is not a usage counter)."""

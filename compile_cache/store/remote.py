@@ -8,7 +8,8 @@ tier works with the local store's parts (:meth:`RemoteTier.attach`: its files, c
 checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
-  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``), check each as a load does (limits, checksum,
+  refused above ``COMPILE_CACHE_MAX_PACK_SIZE``; a compressed object of up to 16 MiB into memory,
+  then expanded straight into its temp file), check each as a load does (limits, checksum,
   signature, members, its content name) before it is put in place; then restore from local disk.
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
@@ -69,6 +70,11 @@ USE_EVERY = 3600.0
 _LOCAL_ONLY = frozenset({"stored_bytes", "size_recounts", "evictions", "evicted_bytes"})
 #: Packs up to this size are put with If-None-Match from memory; larger ones are streamed.
 _CONDITIONAL_PUT_MAX = 64 << 20
+#: A compressed pack object up to this size is downloaded into memory and expanded straight
+#: into its temp file (fewer file calls on the download's thread, each a GIL round trip while
+#: the job's thread imports); a larger one goes through a temp file of its own. At most
+#: 1 + PARALLEL_GETS downloads at once: 80 MiB of memory at worst (issue 15's bound is 300 MB).
+_IN_MEMORY_MAX = 16 << 20
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
@@ -107,22 +113,24 @@ def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteT
 class _Received:
     """One pack object downloaded and checked (:meth:`RemoteTier._receive`), not yet in place:
     its temp files (``raw`` as it came, ``tmp`` expanded; the same file for an uncompressed
-    pack), the bytes that crossed the network, and what went wrong (``gone``: the object
-    vanished; ``problem``: refused by its expansion or by the checks a load makes, ``keep``:
-    left in the bucket for readers with larger limits)."""
+    pack; ``raw`` None for a compressed pack downloaded into memory, whose bytes ``data`` keeps
+    only when it has a problem, for the URL's quarantine), the bytes that crossed the network,
+    and what went wrong (``gone``: the object vanished; ``problem``: refused by its expansion or
+    by the checks a load makes, ``keep``: left in the bucket for readers with larger limits)."""
 
     name: str
     obj: str
-    raw: Path
+    raw: Path | None
     tmp: Path
     size: int = 0
     gone: bool = False
     problem: BaseException | None = None
     keep: bool = False
+    data: bytes | None = None
 
     def discard(self, fs: Any) -> None:
         """Remove the temp files (what was renamed into place is gone from here already)."""
-        for path in {self.raw, self.tmp}:
+        for path in {self.raw, self.tmp} - {None}:
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(path)
 
@@ -198,8 +206,14 @@ class RemoteTier:
         self.backend = open_backend(self.url)
         self.layout = RemoteLayout()
         self.local_root = local_tier_dir(self.url)
-        with contextlib.suppress(OSError):  # private, like every store directory
-            self.local_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        #: Whether this process made the local tier just now (then it is empty: its size is
+        #: known, 0, without the walk a tier of unknown size gets at its first cap check).
+        self.made_local = False
+        try:  # private, like every store directory
+            self.local_root.mkdir(mode=0o700, parents=True)
+            self.made_local = True
+        except OSError:  # there already (or not makeable: the store finds out and says why)
+            pass
         self._counts: dict[str, Any] = {}
         self._stats_object = self.layout.stats_object()
         self._used: dict[str, float] = {}
@@ -277,6 +291,7 @@ class RemoteTier:
                         downloaded += 1
                 elif got is not None and json_object(got)[0] is not None:  # entry.json
                     self.local.fs.write(local_json, got, fsync=False)
+                    stored += len(got)  # the local tier's size counts it, as a publish's does
         except RemoteError as exc:
             if strict:
                 raise
@@ -286,7 +301,7 @@ class RemoteTier:
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         finally:
-            if downloaded:  # also what was put in place before a fault
+            if downloaded or stored:  # also what was put in place before a fault
                 # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
                 self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
         return moved
@@ -309,18 +324,23 @@ class RemoteTier:
         # The largest first: it takes longest, and goes on the connection the listing opened.
         missing.sort(key=lambda n: -entry.packs[n])
         jobs: list[Callable[[], Any]] = [
-            functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n)) for n in missing]
+            functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n])
+            for n in missing]
+        side_by_side = len(jobs) > 1  # one pack: entry.json after it, on its connection
         if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
             jobs.append(functools.partial(self.backend.get, self.layout.entry_json(key), MAX_JSON_BYTES))
-        return self._transfer(jobs), local_json
+        return self._transfer(jobs, side_by_side), local_json
 
-    def _transfer(self, jobs: list[Callable[[], Any]]) -> list[Any]:
+    def _transfer(self, jobs: list[Callable[[], Any]], side_by_side: bool = True) -> list[Any]:
         """Each job's result, in order. The first job runs in this thread; with a backend that
-        allows it (:attr:`~.backends.base.RetryingBackend.parallel`), the others run meanwhile on
-        at most :data:`PARALLEL_GETS` threads of their own (network I/O and decompression only:
-        they import nothing, see :meth:`prefetch`). When a job raises, the jobs not started are
-        cancelled, the others waited for and their temp files removed, and it is raised."""
-        if len(jobs) < 2 or not getattr(self.backend, "parallel", False):
+        allows it (:attr:`~.backends.base.RetryingBackend.parallel`) and ``side_by_side`` (more
+        than one pack: the start waits for the slowest, not for their sum), the others run
+        meanwhile on at most :data:`PARALLEL_GETS` threads of their own (network I/O and
+        decompression only: they import nothing, see :meth:`prefetch`); else one after another
+        here (one pack and entry.json: a thread and a connection fewer, whose start takes the
+        GIL from the job's thread). When a job raises, the jobs not started are cancelled, the
+        others waited for and their temp files removed, and it is raised."""
+        if len(jobs) < 2 or not side_by_side or not getattr(self.backend, "parallel", False):
             results: list[Any] = []
             try:
                 for job in jobs:
@@ -349,39 +369,47 @@ class RemoteTier:
             if isinstance(got, _Received):
                 got.discard(self.local.fs)
 
-    def _download(self, key: str, name: str, obj: str) -> int:
+    def _download(self, key: str, name: str, obj: str, listed: int | None = None) -> int:
         """One pack object ``obj`` into the local tier (temp file, expanded if compressed,
         checked, fsync, rename); the bytes moved, or 0. The local tier holds packs uncompressed:
         loads read members in place."""
-        return self._settle(key, self._receive(key, name, obj))
+        return self._settle(key, self._receive(key, name, obj, listed))
 
-    def _receive(self, key: str, name: str, obj: str) -> _Received:
+    def _receive(self, key: str, name: str, obj: str, listed: int | None = None) -> _Received:
         """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
-        and counts nothing): ``obj`` into a temp file beside its target, expanded (bounded) into
-        a second one if compressed, fsynced, then given the checks a load makes (limits,
-        checksum, signature, members, content name: reads and hashing, which release the GIL,
-        done here rather than on the job's thread). A problem is returned, not raised, for
-        :meth:`_settle`; RemoteError and OSError are raised, the temp files removed."""
+        and counts nothing): ``obj`` into a temp file beside its target (a compressed object
+        ``listed`` at most :data:`_IN_MEMORY_MAX` bytes: into memory, bounded by that, then
+        expanded (bounded) straight into the temp file; a larger one into a second temp file
+        first), fsynced, then given the checks a load makes (limits, checksum, signature,
+        members, content name: reads and hashing, which release the GIL, done here rather than
+        on the job's thread). A problem is returned, not raised, for :meth:`_settle`;
+        RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
-        raw = temp_path(target) if obj.endswith(SUFFIX) else tmp
+        compressed = obj.endswith(SUFFIX)
+        in_memory = compressed and listed is not None and 0 <= listed <= _IN_MEMORY_MAX
+        raw = None if in_memory else temp_path(target) if compressed else tmp
         got = _Received(name, obj, raw, tmp)
         limit = self.local.checker.limits.max_pack_size
         try:
-            with self.local.fs.create(raw) as out:  # in the entry, reached through no link
-                try:
-                    got.size = self.backend.download(obj, out, limit)
-                except FileNotFoundError:
-                    got.gone = True  # evicted meanwhile: a miss for this pack
+            if in_memory:
+                buffer = io.BytesIO()
+                if not self._fetch_into(got, buffer, min(limit, _IN_MEMORY_MAX)):
                     return got
-                except TooLargeError as exc:
-                    got.problem, got.keep = exc, True
-                    return got
-                out.flush()
-                if raw == tmp:
-                    os.fsync(out.fileno())
-            if raw != tmp:
-                got.problem = self._expand(raw, tmp, limit)
+                buffer.seek(0)
+                got.problem = self._expand_from(buffer.read, tmp, limit)
+                if got.problem is not None:
+                    got.data = buffer.getvalue()  # for the URL's quarantine
+            else:
+                assert raw is not None
+                with self.local.fs.create(raw) as out:  # in the entry, reached through no link
+                    if not self._fetch_into(got, out, limit):
+                        return got
+                    out.flush()
+                    if raw == tmp:
+                        os.fsync(out.fileno())
+                if raw != tmp:
+                    got.problem = self._expand(raw, tmp, limit)
             if got.problem is None:
                 got.problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
             # Over this reader's limits is not broken for every reader: left in place.
@@ -391,6 +419,19 @@ class RemoteTier:
             raise
         return got
 
+    def _fetch_into(self, got: _Received, out: Any, limit: int) -> bool:
+        """Download ``got.obj`` into ``out`` (at most ``limit`` bytes); False when there is
+        nothing to expand (``got`` says why: gone, or too large)."""
+        try:
+            got.size = self.backend.download(got.obj, out, limit)
+        except FileNotFoundError:
+            got.gone = True  # evicted meanwhile: a miss for this pack
+            return False
+        except TooLargeError as exc:
+            got.problem, got.keep = exc, True
+            return False
+        return True
+
     def _settle(self, key: str, got: _Received) -> int:
         """The local half of :meth:`_download`, in the caller's thread: the rename into place of
         a pack that passed its checks (or the pack counted and set aside); the bytes moved, or 0."""
@@ -398,7 +439,8 @@ class RemoteTier:
             if got.gone:
                 return 0
             if got.problem is not None:
-                local = None if isinstance(got.problem, TooLargeError) else got.raw
+                local = None if isinstance(got.problem, TooLargeError) else \
+                    got.data if got.raw is None else got.raw
                 self._corrupt(key, got.name, got.problem, local, got.obj, keep=got.keep)
                 return 0
             self.local.fs.rename(got.tmp, self.local.layout.pack_path(key, got.name))
@@ -409,16 +451,23 @@ class RemoteTier:
     def _expand(self, raw: Path, tmp: Path, limit: int) -> CorruptPackError | None:
         """Expand the compressed pack ``raw`` into ``tmp`` (bounded: :func:`.compression.decompress`);
         None, or why it cannot be."""
+        with self.local.fs.open_read(raw) as src:
+            return self._expand_from(src.read, tmp, limit)
+
+    def _expand_from(self, read: Callable[[int], bytes], tmp: Path, limit: int) -> CorruptPackError | None:
+        """Expand the compressed pack read through ``read(n)`` into ``tmp`` (bounded by its
+        frame header and ``limit``: :func:`.compression.decompress`), fsynced; None, or why it
+        cannot be."""
         try:
-            with self.local.fs.open_read(raw) as src, self.local.fs.create(tmp) as out:
-                compression.decompress(src.read, out, limit)
+            with self.local.fs.create(tmp) as out:
+                compression.decompress(read, out, limit)
                 out.flush()
                 os.fsync(out.fileno())
         except CorruptPackError as exc:
             return exc
         return None
 
-    def _corrupt(self, key: str, name: str, exc: BaseException, local: Path | None,
+    def _corrupt(self, key: str, name: str, exc: BaseException, local: Path | bytes | None,
                  obj: str, *, keep: bool = False) -> None:
         """A pack object that fails its checks: counted, warned once, moved to the URL's
         quarantine (kept there a week for inspection), or (``keep``, read-only) skipped by this
@@ -426,7 +475,10 @@ class RemoteTier:
         where = "skipped"
         if not self.local.fs.read_only and not keep and local is not None:
             try:
-                self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
+                if isinstance(local, bytes):  # downloaded into memory
+                    self.backend.put(self.layout.quarantine_object(key, name), local)
+                else:
+                    self.backend.put_file(self.layout.quarantine_object(key, name), str(local))
                 self.backend.delete([obj])
                 where = "moved to the store's quarantine"
             except RemoteError as err:

@@ -43,6 +43,8 @@ class TieredStore:
         tier.attach(parts)
         parts.counters.listeners.append(tier.count)  # the URL's counters (this process's object)
         parts.keeper.use_listeners.append(tier.record_use)
+        if tier.made_local and not parts.fs.read_only:
+            parts.counters.exact_when_new()  # no walk at the first fetch's cap check
 
     def prefetch(self, key: str) -> bool:
         """Start bringing ``key``'s packs over in the background (:meth:`RemoteTier.prefetch`);

@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from ...redact import check_credential
 from .base import ObjectInfo, RemoteError, redact
-from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code
+from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code, parse_xml
 
 __all__ = ["AzureBackend", "AzureSettings", "settings", "shared_key"]
 
@@ -212,14 +212,12 @@ class AzureBackend(HttpBackend):
     # -- the interface -------------------------------------------------------------------------
     def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
         """One List Blobs page (``marker``: the token)."""
-        import xml.etree.ElementTree as ET
-
         query = {"restype": "container", "comp": "list", "maxresults": str(self.page_size)}
         if base:
             query["prefix"] = base
         if token:
             query["marker"] = token
-        tree = ET.fromstring(self._page(self._request("GET", None, what, query=query), what))
+        tree = parse_xml(self._page(self._request("GET", None, what, query=query), what))
         found = [(blob.findtext("Name") or "",
                   ObjectInfo(int(blob.findtext("Properties/Content-Length") or 0),
                              _mtime(blob.findtext("Properties/Last-Modified")))) for blob in tree.iter("Blob")]

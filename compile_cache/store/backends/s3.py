@@ -42,6 +42,7 @@ from .rest import (
     Response,
     clean_code,
     iso_mtime,
+    parse_xml,
 )
 from .s3_auth import EMPTY_SHA256, S3Settings, sign
 
@@ -163,18 +164,15 @@ class S3Backend(HttpBackend):
     # -- the interface -------------------------------------------------------------------------
     def _list_page(self, base: str, token: str | None, what: str) -> tuple[list[tuple[str, ObjectInfo]], str | None]:
         """One ListObjectsV2 page (``continuation-token``: the token)."""
-        import xml.etree.ElementTree as ET
-
         query = {"list-type": "2", "prefix": base, "max-keys": str(self.page_size)}
         if token:
             query["continuation-token"] = token
-        tree = ET.fromstring(self._page(self._request("GET", "", what, query=query), what))
-        ns = tree.tag[: tree.tag.index("}") + 1] if tree.tag.startswith("{") else ""
-        found = [(item.findtext(f"{ns}Key") or "", ObjectInfo(int(item.findtext(f"{ns}Size") or 0),
-                                                              iso_mtime(item.findtext(f"{ns}LastModified"))))
-                 for item in tree.iter(f"{ns}Contents")]
-        token = tree.findtext(f"{ns}NextContinuationToken")
-        return found, (token if (tree.findtext(f"{ns}IsTruncated") or "").lower() == "true" else None)
+        tree = parse_xml(self._page(self._request("GET", "", what, query=query), what))
+        found = [(item.findtext("Key") or "", ObjectInfo(int(item.findtext("Size") or 0),
+                                                         iso_mtime(item.findtext("LastModified"))))
+                 for item in tree.iter("Contents")]
+        token = tree.findtext("NextContinuationToken")
+        return found, (token if (tree.findtext("IsTruncated") or "").lower() == "true" else None)
 
     #: Keys per ListObjectsV2 page (S3's most).
     page_size = 1000

@@ -12,15 +12,18 @@ fsspec/s3fs as before. Nothing here logs a credential or puts one in a repr or a
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from ...redact import check_credential
+
+if TYPE_CHECKING:
+    import configparser
 
 __all__ = ["Credentials", "S3Settings", "check_environment", "settings", "sign"]
 
@@ -55,17 +58,31 @@ class S3Settings:
     ca_bundle: str | None = None
 
 
-def _profile_section(parser: configparser.ConfigParser, name: str, config_file: bool) -> dict[str, str] | None:
+def _profile_section(parser: configparser.ConfigParser | None, name: str,
+                     config_file: bool) -> dict[str, str] | None:
     section = name if not config_file or name == "default" else f"profile {name}"
-    if parser.has_section(section):
+    if parser is not None and parser.has_section(section):
         return dict(parser.items(section, raw=True))
     return None
 
 
-def _read(path: str) -> configparser.ConfigParser:
+def _unreadable(parser: configparser.ConfigParser | None) -> bool:
+    return parser is not None and parser.has_section("\x00unreadable")
+
+
+def _read(path: str) -> configparser.ConfigParser | None:
+    """The AWS config or credentials file at ``path``, None if there is none (as botocore, no
+    file is no profile); one it cannot parse has the section ``"\\x00unreadable"``.
+    ``configparser`` is imported only for a file that exists: 5 ms of a fresh node's start
+    whose keys are in the environment."""
+    path = os.path.expanduser(path)
+    if not os.path.lexists(path):
+        return None
+    import configparser
+
     parser = configparser.ConfigParser(interpolation=None, default_section="\x00no-defaults")
     try:
-        parser.read(os.path.expanduser(path))
+        parser.read(path)
     except (configparser.Error, OSError, UnicodeDecodeError):
         parser = configparser.ConfigParser(default_section="\x00no-defaults")
         parser.add_section("\x00unreadable")
@@ -89,7 +106,7 @@ def _credentials(env: Mapping[str, str]) -> tuple[Credentials | None, dict[str, 
     profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
     config_parser = _read(env.get("AWS_CONFIG_FILE", "~/.aws/config"))
     shared_parser = _read(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
-    if config_parser.has_section("\x00unreadable") or shared_parser.has_section("\x00unreadable"):
+    if _unreadable(config_parser) or _unreadable(shared_parser):
         return None, {}, "an AWS config or credentials file it cannot parse"
     config = _profile_section(config_parser, profile, True) or {}
     shared = _profile_section(shared_parser, profile, False) or {}
