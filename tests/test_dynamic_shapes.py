@@ -289,6 +289,45 @@ def test_a_malformed_record_is_left_out(counting_backend, caplog):
     assert dynamic_shapes.install({"version": 99, "codes": {}}) == 0
 
 
+def test_a_record_round_trips_on_a_torch_whose_code_ids_have_no_closure_hash(
+        counting_backend, monkeypatch):
+    """torch 2.11's ``pgo.CodeId`` has four fields (2.13's adds ``closure_hash``): a record must
+    still be taken and put in place there (reading the field broke every publish on 2.11)."""
+    import dataclasses
+
+    from torch._dynamo import pgo
+
+    @dataclasses.dataclass(frozen=True)
+    class CodeId211:  # torch 2.11's CodeId: no closure_hash; equal by file hash, line and name
+        filename: str
+        firstlineno: int
+        name: str
+        file_hash: str
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, CodeId211) and (self.file_hash, self.firstlineno, self.name) == (
+                other.file_hash, other.firstlineno, other.name)
+
+        def __hash__(self) -> int:
+            return hash((self.file_hash, self.name, self.firstlineno))
+
+        @staticmethod
+        def make(code: Any, closure: Any = None) -> CodeId211:
+            return CodeId211(code.co_filename, code.co_firstlineno, code.co_name,
+                             pgo._hash_containing_file(code.co_filename))
+
+    monkeypatch.setattr(pgo, "CodeId", CodeId211)
+    merged = dynamic_shapes.merge(_record_at(counting_backend, 5), _record_at(counting_backend, 7))
+    (code,) = merged["codes"].values()
+    assert code["closure_hash"] is None
+    assert dynamic_shapes.summary(merged) == {code["name"]: ["L['args'][0] (dim 1)"]}
+    assert dynamic_shapes.install(merged) == 1
+    model = _Stack()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    model(torch.randn(2, 9, 8))
+    assert counting_backend.graphs and counting_backend.symbolic == len(counting_backend.graphs)
+
+
 # ------------------------------------------------------------- fresh nodes, real Inductor
 
 CHILD = Path(__file__).with_name("_dynamic_child.py")

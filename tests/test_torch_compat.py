@@ -232,6 +232,36 @@ def test_precompile_missing_compiles_normally(
     assert "dynamo.precompile" in compile_cache.last_report().degraded
 
 
+def test_precompile_is_off_where_config_overrides_are_process_wide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch 2.11 keeps one override per setting for the whole process: a region call's
+    # caching_precompile=True would reach another thread's compile and drop its ID_MATCH guards.
+    import torch._dynamo.config as dynamo_config
+
+    class ProcessWide:  # an override that is not a ContextVar (it forwards, so torch still runs)
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def get(self, *args: Any) -> Any:
+            return self.real.get(*args)
+
+        def set(self, value: Any) -> Any:
+            return self.real.set(value)
+
+    _load_compile_stack()
+    entry = dynamo_config._config["caching_precompile"]
+    monkeypatch.setattr(entry, "user_override", ProcessWide(entry.user_override))
+    torch_compat._reset()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _model, ref, out = _compile_and_run(tmp_path, precompile=True)
+    torch.testing.assert_close(out, ref)
+    _check_missing(record, "dynamo.precompile")
+    assert "per thread" in _row("dynamo.precompile").detail
+    assert not dynamo_config.caching_precompile
+
+
 def test_optimized_module_missing_still_compiles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,6 +319,25 @@ def test_portable_configs_missing_keys_without_them(
     assert env["inductor_config"] == env["dynamo_config"] == "unavailable"
     assert len(env["cpu_capability"]) > 0  # the rest of the key is still there
     _check_missing(record, "configs.portable")
+
+
+def test_portable_configs_of_an_older_torch_keep_the_private_settings(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch 2.11's save_config_portable takes no readonly_values; its own FX-graph key counts
+    # the private (_-prefixed) settings, so the environment key must keep them there too.
+    from torch.utils._config_module import ConfigModule
+
+    from compile_cache.torch_compat import configs
+
+    real = ConfigModule.save_config_portable
+
+    def older(self: Any, *, ignore_private_configs: bool = True) -> dict[str, Any]:
+        return real(self, ignore_private_configs=ignore_private_configs)
+
+    monkeypatch.setattr(ConfigModule, "save_config_portable", older)
+    inductor = configs.portable_configs()["inductor_config"]
+    assert inductor and any(name.startswith("_") for name in inductor)
 
 
 # ------------------------------------------------------------------------------ isa

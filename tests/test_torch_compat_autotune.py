@@ -228,3 +228,20 @@ def test_a_gpu_model_is_warned_once_when_triton_kernels_would_not_ride_in_packs(
         session._reset()
         session._warn_unbundled("cuda")  # on again: nothing to say
     assert caught == []
+
+
+def test_a_torch_without_make_local_cache_key_still_carries_best_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch 2.11 inlines the .best_config name (sha256 of the kernel's key and torch_key()) in
+    # AutotuneCache._setup_local_cache; the hooks need nothing else, so the capability stays.
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    from compile_cache import torch_compat
+
+    kernel = str(tmp_path / "ab" / "cabcdef.py")
+    torchs_own = autotune.best_config_path(kernel)  # AutotuneCache._make_local_cache_key
+    monkeypatch.delattr(AutotuneCache, "_make_local_cache_key")
+    torch_compat._reset()
+    assert autotune.install_possible()
+    assert autotune.best_config_path(kernel) == torchs_own

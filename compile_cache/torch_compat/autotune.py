@@ -48,8 +48,8 @@ PART_DIR_SUFFIX = ".compile_cache"
 
 _NEEDS = (
     "torch._inductor.runtime.autotune_cache.AutotuneCache (create, save, _read, local_cache, "
-    "_prepare_key, _make_local_cache_key), torch._inductor.codecache.PersistentCache (lookup, "
-    "get_local_cache, get_local_cache_path, system)"
+    "_prepare_key), torch._inductor.codecache.PersistentCache (lookup, get_local_cache, "
+    "get_local_cache_path, system)"
 )
 
 _counts = {"best_config_saved": 0, "best_config_read": 0, "selection_parts": 0,
@@ -69,8 +69,7 @@ def _probe() -> str | None:
     from torch._inductor.codecache import PersistentCache
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    for owner, names in ((AutotuneCache, ("create", "save", "_read", "_prepare_key",
-                                          "_make_local_cache_key")),
+    for owner, names in ((AutotuneCache, ("create", "save", "_read", "_prepare_key")),
                          (PersistentCache, ("lookup", "get_local_cache", "get_local_cache_path"))):
         missing = [name for name in names if not hasattr(owner, name)]
         if missing:
@@ -88,8 +87,18 @@ def best_config_path(kernel_path: str) -> str:
     (torch's own ``AutotuneCache`` key functions: the same path its local cache reads)."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
-    return AutotuneCache._make_local_cache_key(
-        os.path.dirname(kernel_path), AutotuneCache._prepare_key(kernel_path))
+    dirname, key = os.path.dirname(kernel_path), AutotuneCache._prepare_key(kernel_path)
+    make = getattr(AutotuneCache, "_make_local_cache_key", None)
+    if make is not None:  # torch 2.13
+        return make(dirname, key)
+    # torch 2.11 and earlier inline it in _setup_local_cache: sha256 of the key and torch_key()
+    import hashlib
+
+    from torch._inductor.codecache import torch_key
+
+    hasher = hashlib.sha256(key.encode("utf-8"))
+    hasher.update(torch_key())
+    return os.path.join(dirname, f"{hasher.hexdigest()}.best_config")
 
 
 def selection_cache_path() -> str:

@@ -430,6 +430,20 @@ def _install_fx() -> None:
     _wrap(FxGraphCache, "_write_to_local_cache", _write("fx", FxGraphCache))
 
 
+def _loaded_function(result: Any) -> Any:
+    """The compiled function ``AOTAutogradCache.try_load`` returned, or None on a miss: torch
+    2.13 returns ``(function or None, aot_config)``, torch 2.11 the function or None.
+    Any other shape is an internal that moved: the capability is marked missing (warned once)
+    and the hit goes unrecorded, while the user's compile goes on with what torch returned."""
+    if isinstance(result, tuple) and result:
+        return result[0]
+    if result is None or callable(result):
+        return result
+    mark_missing("cache_use.capture", f"AOTAutogradCache.try_load returned a "
+                 f"{type(result).__name__}, not a function, None or a (function, config) pair")
+    return None
+
+
 def _install_aot() -> None:
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 
@@ -444,7 +458,7 @@ def _install_aot() -> None:
             found, _tls.aot_found = getattr(_tls, "aot_found", None), None
             # An entry whose FX graphs are gone raises FXGraphCacheMiss inside try_load and is
             # compiled again: only a hit that produced a function is recorded.
-            if result[0] is not None and found is not None:
+            if _loaded_function(result) is not None and found is not None:
                 _record_entry("aot", AOTAutogradCache, found[0], found[1], hit=True)
             return result
 

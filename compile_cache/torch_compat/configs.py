@@ -54,8 +54,8 @@ def _probe_portable() -> str | None:
 def _portable(module: Any) -> dict[str, Any]:
     try:
         return dict(module.save_config_portable(ignore_private_configs=False, readonly_values=True))
-    except TypeError:  # older signature
-        return dict(module.save_config_portable())
+    except TypeError:  # torch 2.11 and earlier: no readonly_values; private configs still count
+        return dict(module.save_config_portable(ignore_private_configs=False))
 
 
 def portable_configs() -> dict[str, dict[str, Any] | None]:

@@ -146,8 +146,24 @@ def _decode_entry(data: dict[str, Any]) -> Any:
                                    stride=_untup(data.get("stride")))
 
 
+def _closure_hash(code_id: Any) -> int | None:
+    """The hash that tells apart closures of one code (torch 2.13); None on torch 2.11 and
+    earlier, whose ``CodeId`` has no such field (one record per code, as that torch keeps it)."""
+    return getattr(code_id, "closure_hash", None)
+
+
+def _code_id(pgo: Any, filename: str, firstlineno: int, name: str, file_hash: str,
+             closure_hash: int | None) -> Any:
+    """``pgo.CodeId`` as the installed torch spells it (a ``closure_hash`` field in 2.13, none in 2.11)."""
+    import dataclasses
+
+    if any(field.name == "closure_hash" for field in dataclasses.fields(pgo.CodeId)):
+        return pgo.CodeId(filename, firstlineno, name, file_hash, closure_hash)
+    return pgo.CodeId(filename, firstlineno, name, file_hash)
+
+
 def _key(code_id: Any) -> str:
-    return f"{code_id.file_hash}:{code_id.firstlineno}:{code_id.name}:{code_id.closure_hash}"
+    return f"{code_id.file_hash}:{code_id.firstlineno}:{code_id.name}:{_closure_hash(code_id)}"
 
 
 def is_region_code(name: str, owners: Iterable[str]) -> bool:
@@ -222,7 +238,7 @@ def snapshot(owners: Iterable[str], files: Iterable[str] | None = None) -> dict[
             if not entries:
                 continue
         codes[_key(code_id)] = {"name": code_id.name, "firstlineno": code_id.firstlineno,
-                                "file_hash": code_id.file_hash, "closure_hash": code_id.closure_hash,
+                                "file_hash": code_id.file_hash, "closure_hash": _closure_hash(code_id),
                                 "filename": os.path.basename(code_id.filename), "inputs": entries}
     return {"version": _VERSION, "codes": codes} if codes else None
 
@@ -332,8 +348,8 @@ def install(state: dict[str, Any]) -> int:
     turned = 0
     for code in (state.get("codes") or {}).values():
         try:
-            code_id = pgo.CodeId(code["filename"], int(code["firstlineno"]), str(code["name"]),
-                                 str(code["file_hash"]), code.get("closure_hash"))
+            code_id = _code_id(pgo, code["filename"], int(code["firstlineno"]), str(code["name"]),
+                               str(code["file_hash"]), code.get("closure_hash"))
             inputs = {name: _decode_entry(e) for name, e in code["inputs"].items()}
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("compile_cache: a restored automatic-dynamic record is malformed (%s); "

@@ -41,6 +41,7 @@ artifacts, so a later start skips tracing. compile_cache uses it per region grou
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -91,7 +92,8 @@ CAPABILITY = "dynamo.precompile"
     "torch._dynamo.precompile_context.PrecompileContext, torch._dynamo.types.GuardFilterEntry, "
     "CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES, "
     "torch._C._dynamo.eval_frame._reset_precompile_entries, "
-    "torch._dynamo.bytecode_transformation._unique_id_counter",
+    "torch._dynamo.bytecode_transformation._unique_id_counter, and config overrides that hold "
+    "per thread (a ContextVar per setting, as torch 2.13 has them)",
     breaks="precompile is off: regions compile normally and Dynamo traces at every start",
 )
 def _probe_precompile() -> str | None:
@@ -122,6 +124,14 @@ def _probe_precompile() -> str | None:
 
     if not isinstance(getattr(bt, "_unique_id_counter", None), itertools.count):
         return "torch._dynamo.bytecode_transformation._unique_id_counter is not an itertools.count"
+    # A region call switches caching_precompile (and suppress_errors) on for its own compile.
+    # Where an override is process-wide (torch 2.11 and earlier), another thread's compile in
+    # that window would drop its ID_MATCH and closure guards: a compiled frame reused for the
+    # wrong objects. Precompile needs the override to hold for the calling thread only.
+    entry = getattr(dynamo_config, "_config", {}).get("caching_precompile")
+    if not isinstance(getattr(entry, "user_override", None), contextvars.ContextVar):
+        return ("torch's config overrides are process-wide, not per thread: a region call's "
+                "caching_precompile would reach other threads' compiles")
     return None
 
 
