@@ -354,11 +354,13 @@ class CacheSession:
         return self.publishing.flush(timeout)
 
     def record_failure(self, kind: str, message: str) -> None:
-        """A step failed (restore, capture, a precompile save): noted in the report, counted in
-        the store's stats, warned; the caller compiles instead."""
+        """A step failed (restore, capture, publish, a precompile save): noted in the report,
+        counted in the store's stats, warned with what it costs."""
         self.report.errors.append(f"{kind}: {message}")
         self.store.record_error(kind)
-        _warnings.warn(f"compile_cache: {kind} failed, compiling instead: {message}")
+        cost = ("nothing new was published: the next start compiles again" if kind == "publish"
+                else "compiling instead")
+        _warnings.warn(f"compile_cache: {kind} failed, {cost}: {message}")
 
     # -- what the distributed warm-up uses ---------------------------------------------------------
     @property

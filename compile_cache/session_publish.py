@@ -79,7 +79,16 @@ class SessionPublisher:
     def submit(self) -> None:
         """Queues a publish of what the model used on the background publisher."""
         if self.by_use and not self.store.read_only:
-            publisher.get().submit(self._publish_by_use, key=("publish", id(self)))
+            publisher.get().submit(self._publish_reporting_failure, key=("publish", id(self)))
+
+    def _publish_reporting_failure(self) -> None:
+        """:meth:`_publish_by_use`, whose failure (a torch internal that moved, say) is the
+        session's to report: warned, in the report's errors and counted in ``stats``, never
+        only a log line on the publisher's thread."""
+        try:
+            self._publish_by_use()
+        except Exception as exc:
+            self._on_error("publish", f"{type(exc).__name__}: {exc}")
 
     def flush(self, timeout: float | None = None) -> bool:
         """Publishes what is not published yet and waits for it; True when done in time."""

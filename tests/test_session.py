@@ -169,6 +169,33 @@ def test_damaged_pack_is_a_counted_miss_and_the_job_runs(
     assert not pack.exists()
 
 
+def test_a_failed_background_publish_is_the_sessions_to_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On torch 2.11 every publish raised on the publisher's thread (a torch field it lacked) and
+    # the only trace was a log line there: the job looked fine and the store stayed empty. The
+    # failure now goes to the session's on_error (record_failure: warned, in the report's
+    # errors, counted in stats).
+    from compile_cache import capture, publisher
+    from compile_cache.session_publish import SessionPublisher
+
+    def moved(*args: object, **kwargs: object) -> None:
+        raise AttributeError("'CodeId' object has no attribute 'closure_hash'")
+
+    monkeypatch.setattr(capture, "usage", moved)
+    failures: list[tuple[str, str]] = []
+    publishing = SessionPublisher(Store(tmp_path / "store"), "ab" * 16, None, owners=("region_A",),
+                                  precompile=False, precompiled=None, entry_info={},
+                                  lock=threading.RLock(),
+                                  on_error=lambda kind, message: failures.append((kind, message)))
+    publishing.by_use = True
+    logged_before = len(publisher.get().errors)
+    publishing.submit()
+    assert publisher.get().drain(30)
+    assert failures == [("publish", "AttributeError: 'CodeId' object has no attribute 'closure_hash'")]
+    assert len(publisher.get().errors) == logged_before  # reported by the session, not also logged
+
+
 def test_pack_with_parent_path_is_rejected_before_any_write(
     tmp_path: Path, dynamo_reset: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
