@@ -153,7 +153,11 @@ def test_a_decline_after_a_graph_break_never_runs_a_frame_twice(
     the whole call again would count the update twice (it did, before this test)."""
     case = nodes[phase]["break_count"]
     assert "error" not in case, case.get("traceback")
-    assert case["diffs"] == {"out": 0.0, "calls": 0.0, "out_again": 0.0, "calls_again": 0.0}
+    # The count is exact (a frame run twice adds 1); the outputs are a compiled Linear against
+    # eager's, equal to the last bits on some CPUs only (3e-8 apart on an AMX machine).
+    diffs = case["diffs"]
+    assert diffs["calls"] == diffs["calls_again"] == 0.0, diffs
+    assert diffs["out"] < 1e-5 and diffs["out_again"] < 1e-5, diffs
     (group,) = _groups(case)
     assert group["status"] == "declined" and "CLOSURE_MATCH on self.act" in group["reason"]
     assert len(case["warnings"]) == 1, case["warnings"]
