@@ -24,7 +24,9 @@ the FX-graph misses (0 on a real hit), the bytes each start moved (S3: downloade
 from the local tier's counters; directory: the pack bytes restored) and the ratio s3 / dir.
 Each store's ratio to the directory store is given as the ratio of medians and as the median of
 the paired ratios (node i of a store / dir node i, run back to back: steadier on a loaded machine).
-It also times, in a fresh process, importing each client and making it (``client_import``):
+``server_cpu_s``: the CPU seconds the emulator serving a node used during that node's process
+(median): the emulators share this machine's cores with the node, as a real store's servers do
+not. It also times, in a fresh process, importing each client and making it (``client_import``):
 the small clients, and gcsfs and adlfs (``COMPILE_CACHE_REMOTE_CLIENT=fsspec``) for comparison.
 Goals (issue 39): object storage / dir <= 1.05; bytes moved per fresh node raw / compressed >= 3.
 The package is byte-compiled first, as an install is (``--no-byte-compile``: not, as before).
@@ -179,9 +181,29 @@ def _copy_to_s3(directory: str, server: _Moto, work: str, url: str = URL, level:
                 os.environ[k] = v
 
 
+def _server_cpu_s(proc: subprocess.Popen | None) -> float:
+    """CPU seconds (user + system) the emulator ``proc`` and its children used so far: the
+    emulators run on this machine's cores, beside the node they serve (a real object store's
+    servers do not)."""
+    if proc is None or proc.poll() is not None:
+        return 0.0
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(proc.pid)
+        for p in (root, *root.children(recursive=True)):
+            times = p.cpu_times()
+            total += times.user + times.system
+    except psutil.Error:
+        pass
+    return total
+
+
 def _summary(runs: list[dict]) -> dict:
     ttfo = [r["ttfo_s"] for r in runs]
     return {"ttfo_s": statistics.median(ttfo), "ttfo_samples": [round(t, 3) for t in ttfo],
+            "server_cpu_s": statistics.median(r.get("server_cpu_s", 0.0) for r in runs),
             "process_s": statistics.median(r["process_s"] for r in runs),
             "fxgraph_miss": max(r["fxgraph_miss"] for r in runs),
             "fxgraph_hit": min(r["fxgraph_hit"] for r in runs),
@@ -338,12 +360,18 @@ def run(args: argparse.Namespace) -> list[dict]:
                     _copy_to_s3(directory, server, os.path.join(work, model), AZ_URL)
                     stores += [("gcs node", GCS_URL), ("azure node", AZ_URL)]
                 runs: dict[str, list[dict]] = {scenario: [] for scenario, _ in stores}
+                serving = {"s3 node": server.proc, "s3 raw node": server.proc,
+                           **({"gcs node": emulators[0].proc, "azure node": emulators[1].proc}
+                              if emulators else {})}
                 for i in range(max(1, args.repeats)):
                     for scenario, store in stores:
                         base = os.path.join(work, model, f"{scenario.replace(' ', '-')}-{i}")
+                        cpu_before = _server_cpu_s(serving.get(scenario))
                         result = _start(args, model, base, server, store)
+                        result["server_cpu_s"] = _server_cpu_s(serving.get(scenario)) - cpu_before
                         print(f"[{model}] {scenario} #{i}: TTFO {result['ttfo_s']:.2f} s, "
-                              f"{result['bytes_moved']} bytes moved", file=sys.stderr, flush=True)
+                              f"{result['bytes_moved']} bytes moved, server CPU "
+                              f"{result['server_cpu_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
                         runs[scenario].append(result)
                 rows.append(_row(model, cold, runs))
             probes = {"s3": _client_import(server, args.repeats)}
