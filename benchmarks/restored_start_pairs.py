@@ -52,14 +52,15 @@ def main() -> None:
     parser.add_argument("--json-out", help="write every sample and the medians here")
     args = parser.parse_args()
     compile_bytecode()
-    root = tempfile.mkdtemp(prefix="restored_start_pairs_")
-    store = os.path.join(root, "store")
-    run(args.mode, args.model, "regional", store, os.path.join(root, "publisher"))
     samples: dict[str, list[dict[str, float]]] = {"eager": [], "regional": []}
-    for i in range(args.rounds):
-        for strategy in ("eager", "regional") if i % 2 == 0 else ("regional", "eager"):
-            samples[strategy].append(run(args.mode, args.model, strategy, store,
-                                         os.path.join(root, f"{strategy}-{i}")))
+    # Every node's dirs (the publisher's precompiled header alone is ~150 MB) go at the end.
+    with tempfile.TemporaryDirectory(prefix="restored_start_pairs_") as root:
+        store = os.path.join(root, "store")
+        run(args.mode, args.model, "regional", store, os.path.join(root, "publisher"))
+        for i in range(args.rounds):
+            for strategy in ("eager", "regional") if i % 2 == 0 else ("regional", "eager"):
+                samples[strategy].append(run(args.mode, args.model, strategy, store,
+                                             os.path.join(root, f"{strategy}-{i}")))
     medians = {s: {k: round(statistics.median(x.get(k, 0.0) for x in rows), 3) for k in rows[0]}
                for s, rows in samples.items()}
     for strategy, row in medians.items():
