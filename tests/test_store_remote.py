@@ -396,14 +396,17 @@ def test_one_nodes_local_error_never_deletes_a_good_pack_from_the_bucket(
 
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
     assert Store(s3_url).publish(K1, MEMBERS) is not None
-    real_open = StoreFS.open_read
+    real_open, real_create = StoreFS.open_read, StoreFS.create
 
-    def emfile(fs: StoreFS, path, **kwargs):  # the node is out of file descriptors
-        if ".tmp-" in str(path):
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real_open(fs, path, **kwargs)
+    def emfile(real):
+        def opening(fs: StoreFS, path, *args, **kwargs):  # the node is out of file descriptors
+            if ".tmp-" in str(path):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real(fs, path, *args, **kwargs)
+        return opening
 
-    monkeypatch.setattr(StoreFS, "open_read", emfile)
+    monkeypatch.setattr(StoreFS, "open_read", emfile(real_open))  # a download checked from a file
+    monkeypatch.setattr(StoreFS, "create", emfile(real_create))  # a download checked in memory
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-busy"))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -413,6 +416,7 @@ def test_one_nodes_local_error_never_deletes_a_good_pack_from_the_bucket(
     assert report.unchecked and not report.corrupt_packs and not report.ok
     assert busy.stats()["errors_by_kind"].get("EMFILE", 0) >= 2 and busy.stats()["corrupt"] == 0
     monkeypatch.setattr(StoreFS, "open_read", real_open)
+    monkeypatch.setattr(StoreFS, "create", real_create)
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-next"))
     packs = Store(s3_url).load(K1)  # the next node: the pack is still in the bucket, whole
     assert [dict((n, p.members[n]) for n in p.members) for p in packs] == [MEMBERS]
@@ -693,13 +697,13 @@ def test_a_prefetch_checks_each_pack_on_its_threads(s3_url: str, tmp_path: Path,
 
     reader = _three_packs(s3_url, tmp_path, monkeypatch)
     checked: list[str] = []
-    real = PackChecker.check_file
+    real = PackChecker.check_data  # a compressed download is checked in memory
 
-    def recording(self, fs, path, key, name, *args, **kwargs):
+    def recording(self, data, key, name):
         checked.append(threading.current_thread().name)
-        return real(self, fs, path, key, name, *args, **kwargs)
+        return real(self, data, key, name)
 
-    monkeypatch.setattr(PackChecker, "check_file", recording)
+    monkeypatch.setattr(PackChecker, "check_data", recording)
     assert reader.prefetch(K1) is True
     assert _loaded(reader.load(K1)) == THREE
     assert len(checked) == 3 and threading.current_thread().name not in checked, checked
@@ -735,17 +739,21 @@ def test_a_new_local_tier_is_counted_exact_without_a_walk(s3_url: str, tmp_path:
     assert walks == [str(old.root)]
 
 
-def test_one_pack_and_its_entry_json_come_one_after_the_other_on_the_prefetch_thread(
-        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An entry of one pack: its GET and entry.json's run on the prefetch's thread, one after the
-    other (no download thread, no second connection, whose start would take the GIL from the
-    job's thread); several packs still come side by side (above)."""
+@pytest.mark.parametrize("entry_info", [{"model_class": "M"}, None], ids=["header-record", "earlier-pack"])
+def test_a_fresh_node_restores_one_pack_with_one_get_on_the_prefetch_thread(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_info: dict | None) -> None:
+    """An entry of one pack: one GET, on the prefetch's thread (no download thread, no second
+    connection, whose start would take the GIL from the job's thread); the local entry.json is
+    written from the record the pack's header carries. A pack published without one (as before
+    headers carried it) costs a second GET, of the URL's entry.json. Several packs still come
+    side by side (above)."""
     import threading
 
     from compile_cache.store.backends.s3 import S3Backend
 
+    s3_url += "-with" if entry_info else "-without"  # the two cases' buckets are the same
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
-    assert Store(s3_url).publish(K1, MEMBERS, entry_info={"model_class": "M"}, compile_seconds=1.0)
+    assert Store(s3_url).publish(K1, MEMBERS, entry_info=entry_info, compile_seconds=1.0)
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
     reader = Store(s3_url)
     requests: list[tuple[str, str]] = []
@@ -758,6 +766,58 @@ def test_one_pack_and_its_entry_json_come_one_after_the_other_on_the_prefetch_th
     monkeypatch.setattr(S3Backend, "_object", recording)
     assert reader.prefetch(K1) is True
     assert _loaded(reader.load(K1)) == [MEMBERS]
-    assert [t for t, _name in requests] == ["compile-cache-prefetch"] * 2, requests
-    assert requests[-1][1] == "entry.json"
-    assert (reader.root / "v1" / "entries" / K1[:2] / K1 / "entry.json").is_file()
+    names = [name for _thread, name in requests]
+    assert {t for t, _name in requests} == {"compile-cache-prefetch"}, requests
+    assert len(names) == (1 if entry_info else 2) and names[0].endswith(".pack.zst"), names
+    record = json.loads((reader.root / "v1" / "entries" / K1[:2] / K1 / "entry.json").read_bytes())
+    assert record["key"] == K1 and record["format"] == 1 and {"created", "torch", "host"} <= record.keys()
+    assert record.get("model_class") == (entry_info or {}).get("model_class")
+
+
+def test_a_downloaded_pack_is_read_whole_once_unless_it_changed(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack checked whole as it was downloaded is not read whole again by the load that
+    follows (its checksum is not computed twice); the load after that reads it whole. A pack
+    file changed between the download and the load (same size) is read whole and refused."""
+    import time
+
+    from compile_cache.store import reader as pack_reader
+    from compile_cache.store.checker import PackChecker
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
+    assert Store(s3_url).publish(K1, MEMBERS, entry_info={"model_class": "M"})
+    checksums: list[bool] = []
+    real_open = pack_reader.open_pack
+
+    def recording(*args, checksum: bool = True, **kwargs):
+        checksums.append(checksum)
+        return real_open(*args, checksum=checksum, **kwargs)
+
+    monkeypatch.setattr(pack_reader, "open_pack", recording)
+    monkeypatch.setattr("compile_cache.store.checker.open_pack", recording)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    assert _loaded(reader.load(K1)) == [MEMBERS]
+    assert checksums == [True, False]  # the download's check, then the load's without the body
+    assert _loaded(reader.load(K1)) == [MEMBERS]
+    assert checksums == [True, False, True]
+
+    real_vouch = PackChecker.vouch
+
+    def changed_after(self, st):
+        real_vouch(self, st)
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        pack = next((tmp_path / "tier-changed").rglob("*.pack"))
+        data = bytearray(pack.read_bytes())
+        data[-1] ^= 0xFF  # the last member's last byte: same size
+        with open(pack, "r+b") as fh:
+            fh.write(data)
+
+    monkeypatch.setattr(PackChecker, "vouch", changed_after)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-changed"))
+    checksums.clear()
+    changed = Store(s3_url)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert changed.load(K1) == []
+    assert checksums == [True, True] and changed.stats()["corrupt"] == 1

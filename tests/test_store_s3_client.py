@@ -144,6 +144,29 @@ def test_get_download_head_and_delete(bucket: str, tmp_path: Path) -> None:
     assert set(backend.list("")) == {"packs/a b.pack"}
 
 
+def test_requests_start_no_thread_of_their_own(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's deadline is kept by the process's one watchdog thread, started with the first
+    request: none per request (a thread's start and end each take the GIL from the job's thread,
+    and a fresh node's restore makes its requests while the job imports)."""
+    import threading
+
+    backend = open_backend(f"s3://{bucket}/cache")
+    backend.put("a", b"x" * 1000)
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def counting(self: threading.Thread) -> None:
+        started.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting)
+    for _ in range(5):
+        assert backend.get("a", 1000) == b"x" * 1000
+    assert set(backend.list("")) == {"a"} and backend.get("missing", 10) is None
+    assert started == []
+    assert [t.name for t in threading.enumerate()].count("compile-cache-deadlines") == 1
+
+
 def test_conditional_put_conflict_is_412_and_keeps_the_first(bucket: str) -> None:
     backend = open_backend(f"s3://{bucket}/cache")
     assert isinstance(backend, S3Backend)

@@ -202,3 +202,29 @@ def test_an_unknown_counter_name_raises_not_dropped(tmp_path: Path) -> None:
     stats = store.stats()
     assert stats["hits"] == 2 and stats["errors_by_kind"] == {"x": 1}
     assert set(COUNTERS) <= set(stats) and len(COUNTERS) == len(set(COUNTERS))
+
+
+def test_counts_left_for_later_go_out_with_the_next_update_or_at_exit(tmp_path: Path) -> None:
+    """A fresh node's restore counts its downloads with bump_later (no shard write on the way
+    to the first output): another process sees them after this one's next update, or after it
+    exits without one; a child forked meanwhile does not write them a second time."""
+    store = Store(tmp_path / "store")
+    store.counters.bump_later(remote_downloads=2)
+    assert store.stats()["remote_downloads"] == 2  # this process sees its own
+    assert Store(tmp_path / "store").stats()["remote_downloads"] == 0  # not written yet
+    store.counters.bump(hits=1)
+    assert Store(tmp_path / "store").stats()["remote_downloads"] == 2
+    script = (
+        "import os, sys\n"
+        "from compile_cache.store import Store\n"
+        "store = Store(sys.argv[1])\n"
+        "store.counters.bump_later(remote_downloads=5)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # a child that exits through atexit: the counts are its parent's\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Store(tmp_path / "store").stats()["remote_downloads"] == 7

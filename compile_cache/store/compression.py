@@ -33,6 +33,7 @@ __all__ = [
     "decompress",
     "decompress_bytes",
     "decompress_head",
+    "expand",
     "is_compressed",
     "level",
     "zstd",
@@ -154,6 +155,32 @@ def decompress(read: Callable[[int], bytes], out: IO[bytes], limit: int) -> int:
     if dec.unused_data or read(1):
         raise CorruptPackError("compressed pack has bytes after its frame")
     return written
+
+
+def expand(data: bytes | bytearray | memoryview, limit: int, hold: int) -> bytes | None:
+    """One frame held in memory, expanded in one call if it declares at most ``hold`` bytes
+    (None: it declares more, for :func:`decompress` to stream); bounded as :func:`decompress`
+    is: the declared size within ``limit`` before anything is expanded, never more output than
+    declared, no short frame, no bytes after it. One call: a download's thread that expands a
+    pack releases the GIL once, not once per chunk."""
+    size = declared_size(bytes(data[:FRAME_HEADER_MAX]), limit)
+    if size > hold:
+        return None
+    z = zstd()
+    dec = z.ZstdDecompressor()
+    try:
+        out = dec.decompress(data, max_length=size + 1)
+    except z.ZstdError as exc:
+        raise CorruptPackError(f"compressed pack is damaged: {exc}") from None
+    if len(out) > size:
+        raise CorruptPackError(f"compressed pack expands past the {size} bytes its frame declares: refused")
+    if not dec.eof:
+        raise CorruptPackError(f"compressed pack ends early ({len(out)} of {size} bytes expanded)")
+    if len(out) != size:
+        raise CorruptPackError(f"compressed pack expands to {len(out)} bytes, its frame declares {size}")
+    if dec.unused_data:
+        raise CorruptPackError("compressed pack has bytes after its frame")
+    return out
 
 
 def decompress_bytes(data: bytes | bytearray | memoryview, limit: int) -> bytes:

@@ -8,12 +8,14 @@ one. What each counter means is in :mod:`.stats`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import logging
 import os
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -119,6 +121,21 @@ def _new_bump_lock_in_child() -> None:
 
 os.register_at_fork(after_in_child=_new_bump_lock_in_child)
 
+#: Counters with counts added by bump_later, by the process that added them: written at exit.
+_unwritten: weakref.WeakKeyDictionary[Counters, int] = weakref.WeakKeyDictionary()
+
+
+def _write_unwritten() -> None:
+    """At exit: the counts :meth:`Counters.bump_later` left for later (this process's only: a
+    forked child's copies of its parent's are its parent's to write)."""
+    for counters, pid in list(_unwritten.items()):
+        if pid == os.getpid():
+            with contextlib.suppress(Exception):
+                counters.write_pending()
+
+
+atexit.register(_write_unwritten)
+
 
 class Counters:
     """The counters of the store whose files are ``fs`` at ``layout``: pending counts, shards.
@@ -143,11 +160,30 @@ class Counters:
         check_names(delta)
         with _bump_lock:
             self._add(delta)
+            self._write()
+
+    def bump_later(self, delta: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+        """:meth:`bump`, but the shard is written with the next bump, or at this process's exit,
+        not now: a fresh node's restore counts its downloads without a locked read-modify-write
+        of a shard (a lock file, a read, a write: 1.5-3 ms) on the way to its first output."""
+        delta = {**(delta or {}), **more}
+        check_names(delta)
+        with _bump_lock:
+            self._add(delta)
+            _unwritten[self] = os.getpid()
+
+    def write_pending(self) -> None:
+        """Write the counts added and not written yet (:meth:`bump_later`), now."""
+        with _bump_lock:
+            if self.pending:
+                self._write()
 
     def _add(self, delta: dict[str, Any]) -> None:
         add_counts(self.pending, delta)
         for listener in self.listeners:
             listener(dict(delta))
+
+    def _write(self) -> None:
         if self.fs.read_only or not self.fs.is_dir(self.layout.base):
             return  # kept in memory: a vanished store is not re-created just for counters
         n = shard_index()
@@ -211,10 +247,8 @@ class Counters:
     def exact_when_new(self) -> None:
         """The store was made empty just now by this process: its size counter (0, no shard
         yet) is exact. Counted as a recount of 0 bytes, as a walk of the empty tree would be, but
-        without the walk, and written with the next update (a process that ends first leaves
-        the tier uncalibrated: the next one walks it, as before)."""
-        with _bump_lock:
-            add_counts(self.pending, {Counter.SIZE_RECOUNTS.value: 1})
+        without the walk, and written with the next update or at exit (:meth:`bump_later`)."""
+        self.bump_later({Counter.SIZE_RECOUNTS.value: 1})
 
     def zero(self, size: int | None = None) -> None:
         """Remove every shard (and forget the counts not written yet); with ``size``, the size

@@ -45,7 +45,7 @@ def load(parts: StoreParts, key: str) -> list[Pack]:
                 reopener, fh = fh, fh.open()
             else:
                 reopener = None
-            checked = parts.checker.check(fh, key)
+            checked = parts.checker.check(fh, key, vouched=True)
             if reopener is not None:
                 checked.reopen_on_demand(reopener.read_at, reopener.close)
         except IncompatiblePackError as exc:

@@ -305,6 +305,8 @@ def _merge(parts: StoreParts, key: str, report: CompactReport, merged: list[Any]
             created=max(p.info.created for p in described),
             compile_seconds=sum(p.info.compile_seconds for p in described),
             member_info=member_info,
+            entry=next((p.header["entry"] for p in reversed(described)
+                        if isinstance(p.header.get("entry"), dict)), None),
         )
         if fs.write(target, chunks):
             added += size

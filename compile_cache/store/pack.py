@@ -7,8 +7,10 @@ Pack format (all integers little-endian)::
     body:              u32 header length | header (UTF-8 JSON) | member bytes, in header order
 
 The header holds the format, creation time, torch version, host, key, caller metadata, the
-compile seconds and the member table (name, size, and what the capture recorded of the file,
-e.g. ``file_size``). The SHA-256 detects any flipped byte or truncation; with a signing key
+compile seconds, the member table (name, size, and what the capture recorded of the file,
+e.g. ``file_size``) and, from packs of this version on, the entry's record (``entry``: what
+``entry.json`` holds beyond the header's own fields, so that a node downloading the pack need not
+ask for the entry's ``entry.json``). The SHA-256 detects any flipped byte or truncation; with a signing key
 (``COMPILE_CACHE_SIGNING_KEY``), packs are signed and the header names the signer (a key id
 that reveals nothing of the key). A pack is named by :func:`content_hash` of its members (and
 signer). This module knows bytes, not where packs live.
@@ -54,6 +56,7 @@ __all__ = [
     "content_digest",
     "content_hash",
     "encode_pack",
+    "entry_record_of",
     "parse_header",
     "prefix_accepts",
     "read_pack_header",
@@ -169,6 +172,7 @@ def encode_pack(
     created: float | None = None,
     name: str | None = None,
     member_info: Mapping[str, Mapping[str, Any]] | None = None,
+    entry: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[bytes | bytearray | memoryview], int]:
     """Encode a pack: ``(content hash, chunks to write in order, total size)``.
 
@@ -176,7 +180,10 @@ def encode_pack(
     (``TypeError``) and that ``metadata`` is JSON-serialisable (``TypeError``/``ValueError``).
     ``member_info``: per member, what the capture recorded of its file (``{"file_size": n}``),
     kept in the member table and checked on restore. Member bytes are not copied: the chunks
-    reference them. ``name``: the content hash if the caller already computed it.
+    reference them. ``name``: the content hash if the caller already computed it. ``entry``:
+    what the entry's ``entry.json`` records beyond the header's own fields (the publisher's
+    ``entry_info``): a node that downloads the pack writes its local ``entry.json`` from it,
+    without a request for the URL's (:func:`entry_record_of`).
     """
     check_key(key)
     names = sorted(members)
@@ -186,9 +193,9 @@ def encode_pack(
     signer = signer_id(signing_key)
     table = []
     for n in names:
-        entry = {k: v for k, v in (member_info or {}).get(n, {}).items() if k not in ("name", "size")}
-        entry.update(name=n, size=len(members[n]))
-        table.append(entry)
+        row = {k: v for k, v in (member_info or {}).get(n, {}).items() if k not in ("name", "size")}
+        row.update(name=n, size=len(members[n]))
+        table.append(row)
     header = {
         "format": FORMAT_VERSION,
         "created": time.time() if created is None else created,
@@ -200,6 +207,8 @@ def encode_pack(
         "metadata": dict(metadata or {}),
         "members": table,
     }
+    if entry:
+        header["entry"] = dict(entry)
     if signer:
         header["signer"] = signer
     header_bytes = json_bytes(header)
@@ -274,8 +283,22 @@ def parse_header(raw: bytes) -> dict[str, Any]:
 #: The header fields every reader uses, and the types they must have when present.
 _HEADER_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
     ("created", (int, float)), ("compile_seconds", (int, float)), ("metadata", dict),
-    ("signer", str), ("torch", str), ("key", str), ("host", str),
+    ("signer", str), ("torch", str), ("key", str), ("host", str), ("entry", dict),
 )
+
+
+def entry_record_of(header: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``entry.json`` record a checked pack's ``header`` carries (its ``entry``, with the
+    header's time, torch, host and key, as :meth:`~.keeper.Keeper.entry_record` makes it), or
+    None for a pack written without one (before it was added, or published without
+    ``entry_info``)."""
+    entry = header.get("entry")
+    if not isinstance(entry, dict):
+        return None
+    record: dict[str, Any] = {k: header[k] for k in ("created", "torch", "host") if k in header}
+    record.update(entry)
+    record.update(key=header.get("key"), format=FORMAT_VERSION)
+    return record
 
 
 def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:

@@ -62,7 +62,7 @@ def publish(
             keeper.quarantine(target, key)
         name, chunks, size = encode_pack(
             key, members, metadata, compile_seconds=compile_seconds,
-            signing_key=checker.signing_key, name=name, member_info=member_info,
+            signing_key=checker.signing_key, name=name, member_info=member_info, entry=entry_info,
         )
         added = _write_pack(parts, key, target, entry_json, chunks)
         keeper.touch_used(key)

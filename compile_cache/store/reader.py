@@ -139,6 +139,7 @@ def open_pack(
     key: str | None = None,
     limits: PackLimits | None = None,
     closer: Callable[[], None] | None = None,
+    checksum: bool = True,
 ) -> CheckedPack:
     """Check a pack of ``size`` bytes read through ``read_at(offset, n)``; never reads it whole.
 
@@ -147,7 +148,9 @@ def open_pack(
     the checksum over the body, in chunks. Raises :class:`IncompatiblePackError` (another
     format), :class:`PackLimitError`, :class:`SignatureMismatchError` (a miss for this reader
     only), :class:`UnsafePathError` (a member name that could escape) or
-    :class:`CorruptPackError` (anything else, incl. a key other than ``key``).
+    :class:`CorruptPackError` (anything else, incl. a key other than ``key``). ``checksum``
+    False: everything but the checksum over the body (a file this process checked whole a
+    moment ago: :meth:`~.checker.PackChecker.vouch`).
     """
     limits = limits or PackLimits.from_config()
     prefix = read_at(0, PREFIX_STRUCT.size)
@@ -176,6 +179,8 @@ def open_pack(
     problem = limits.problem(total, len(table), max((len(e.name) for e in entries), default=0))
     if problem:
         raise PackLimitError(problem)
+    if not checksum:  # read and checked whole by this process a moment ago (PackChecker.vouch)
+        return CheckedPack(read_at, total, flags, header, entries, closer)
     body = hashlib.sha256(U32.pack(header_len))
     body.update(header_raw)
     position = PREFIX_STRUCT.size + 4 + header_len
@@ -214,7 +219,7 @@ def _member_table(table: list[Any], offset: int, total: int) -> list[_Entry]:
 
 def open_pack_file(
     fh: BinaryIO, *, signing_key: bytes | None = None, key: str | None = None,
-    limits: PackLimits | None = None, close: bool = True,
+    limits: PackLimits | None = None, close: bool = True, checksum: bool = True,
 ) -> CheckedPack:
     """:func:`open_pack` on an open binary file (read with ``pread``); the pack keeps it open
     (``close``: closed with the pack, and when checking fails).
@@ -229,7 +234,7 @@ def open_pack_file(
             fd, close = fh.fileno(), True
         size = os.fstat(fd).st_size
         return open_pack(lambda offset, n: os.pread(fd, n, offset), size, signing_key=signing_key,
-                         key=key, limits=limits, closer=fh.close if close else None)
+                         key=key, limits=limits, closer=fh.close if close else None, checksum=checksum)
     except BaseException:
         if close:
             fh.close()

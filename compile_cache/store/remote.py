@@ -9,8 +9,10 @@ checks), never with the store itself:
 
 * **load**: list the key's packs under the URL, download those the local tier lacks (streamed,
   refused above ``COMPILE_CACHE_MAX_PACK_SIZE``; a compressed object of up to 16 MiB into memory,
-  then expanded straight into its temp file), check each as a load does (limits, checksum,
-  signature, members, its content name) before it is put in place; then restore from local disk.
+  expanded and checked there), check each as a load does (limits, checksum, signature, members,
+  its content name) before it is put in place; then restore from local disk. Two requests in
+  all for an entry of one pack: the local ``entry.json`` is written from the record its pack's
+  header carries (a pack of an earlier version, without one: a third request, for the URL's).
   A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
 * **publish**: write locally, then put each pack the URL lacks, zstd-compressed as
@@ -56,7 +58,13 @@ from .backends import RemoteError, TooLargeError, is_url, open_backend, redact
 from .compression import SUFFIX
 from .counters import COUNTERS, add_counts
 from .layout import RemoteEntry, RemoteLayout
-from .pack import MAX_HEADER_BYTES, PREFIX_SIZE, PackLimitError, read_pack_header_from
+from .pack import (
+    MAX_HEADER_BYTES,
+    PREFIX_SIZE,
+    PackLimitError,
+    entry_record_of,
+    read_pack_header_from,
+)
 from .parts import StoreParts
 from .records import EntryInfo, EvictionPlan, PackInfo
 
@@ -75,6 +83,10 @@ _CONDITIONAL_PUT_MAX = 64 << 20
 #: the job's thread imports); a larger one goes through a temp file of its own. At most
 #: 1 + PARALLEL_GETS downloads at once: 80 MiB of memory at worst (issue 15's bound is 300 MB).
 _IN_MEMORY_MAX = 16 << 20
+#: A compressed pack held in memory is expanded in memory, checked there and written with one
+#: call when it declares at most this many bytes (a larger one streams through its temp file):
+#: at most (1 + PARALLEL_GETS) x (16 + 32) MiB of memory at once, within issue 15's bound.
+_EXPAND_IN_MEMORY_MAX = 32 << 20
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
@@ -116,7 +128,8 @@ class _Received:
     pack; ``raw`` None for a compressed pack downloaded into memory, whose bytes ``data`` keeps
     only when it has a problem, for the URL's quarantine), the bytes that crossed the network,
     and what went wrong (``gone``: the object vanished; ``problem``: refused by its expansion or
-    by the checks a load makes, ``keep``: left in the bucket for readers with larger limits)."""
+    by the checks a load makes, ``keep``: left in the bucket for readers with larger limits),
+    and the checked pack's header (None with a problem, or for a pack this reader skips)."""
 
     name: str
     obj: str
@@ -127,6 +140,7 @@ class _Received:
     problem: BaseException | None = None
     keep: bool = False
     data: bytes | None = None
+    header: dict[str, Any] | None = None
 
     def discard(self, fs: Any) -> None:
         """Remove the temp files (what was renamed into place is gone from here already)."""
@@ -272,26 +286,30 @@ class RemoteTier:
         """Download the packs of ``key`` the local tier lacks, each checked before it is put in
         place; returns the bytes downloaded. A fault is a miss (``strict``: raises).
 
-        The network half (:meth:`_gather`: one listing, then the packs and ``entry.json`` side
-        by side, each pack checked as it arrives) is the one :meth:`prefetch` started, if it
-        did; each pack is put in place (or counted and set aside) here, in the calling thread."""
+        The network half (:meth:`_gather`: one listing, then the packs side by side, each
+        checked as it arrives; ``entry.json`` from their headers) is the one :meth:`prefetch`
+        started, if it did; each pack is put in place (or counted and set aside) here, in the
+        calling thread, and vouched for (:meth:`~.checker.PackChecker.vouch`): the load that
+        follows does not read it whole again."""
         moved = stored = downloaded = 0
         started = self._prefetches.pop(key, None)
         try:
             gathered = started.result() if started is not None else self._gather(key)
             if gathered is None:
                 return 0
-            results, local_json = gathered
+            results, local_json, entry_json = gathered
             for got in results:
-                if isinstance(got, _Received):
-                    size = self._settle(key, got)
-                    if size:
-                        moved += size
-                        stored += self.local.layout.pack_path(key, got.name).stat().st_size
-                        downloaded += 1
-                elif got is not None and json_object(got)[0] is not None:  # entry.json
-                    self.local.fs.write(local_json, got, fsync=False)
-                    stored += len(got)  # the local tier's size counts it, as a publish's does
+                size = self._settle(key, got)
+                if size:
+                    moved += size
+                    placed = self.local.fs.lstat(self.local.layout.pack_path(key, got.name))
+                    stored += placed.st_size
+                    downloaded += 1
+                    if got.header is not None:  # checked whole here, from the bytes written
+                        self.local.checker.vouch(placed)
+            if (entry_json is not None and json_object(entry_json)[0] is not None
+                    and self.local.fs.write(local_json, entry_json, exclusive=True, fsync=False)):
+                stored += len(entry_json)  # the local tier's size counts it, as a publish's does
         except RemoteError as exc:
             if strict:
                 raise
@@ -303,15 +321,19 @@ class RemoteTier:
         finally:
             if downloaded or stored:  # also what was put in place before a fault
                 # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
-                self.local.counters.bump(remote_downloads=downloaded, bytes_downloaded=moved, stored_bytes=stored)
+                # Written with the next update or at exit: not on the way to the first output.
+                self.local.counters.bump_later(remote_downloads=downloaded, bytes_downloaded=moved,
+                                               stored_bytes=stored)
         return moved
 
-    def _gather(self, key: str) -> tuple[list[Any], Path] | None:
+    def _gather(self, key: str) -> tuple[list[Any], Path, bytes | None] | None:
         """The network half of :meth:`fetch` (safe on another thread: it imports, counts and
         warns nothing): list ``key``'s packs and bring those the local tier lacks into temp
-        files (:meth:`_receive`), with ``entry.json`` if the local tier lacks it; (the results,
-        where entry.json goes), or None when nothing is missing. Raises RemoteError or
-        OSError, its temp files removed."""
+        files (:meth:`_receive`); (the results, where entry.json goes, its bytes or None), or
+        None when nothing is missing. ``entry.json`` comes from the first pack whose header
+        carries its record (:func:`~.pack.entry_record_of`: no request), else, if the local
+        tier lacks it, from the URL (packs published before headers carried it). Raises
+        RemoteError or OSError, its temp files removed."""
         entry = self._entry(key)
         if entry is None:
             return None
@@ -323,24 +345,29 @@ class RemoteTier:
         local_json = self.local.layout.entry_json(key)
         # The largest first: it takes longest, and goes on the connection the listing opened.
         missing.sort(key=lambda n: -entry.packs[n])
-        jobs: list[Callable[[], Any]] = [
+        results = self._transfer([
             functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n])
-            for n in missing]
-        side_by_side = len(jobs) > 1  # one pack: entry.json after it, on its connection
-        if not self.local.fs.exists(local_json):  # absent remotely too: get() says None
-            jobs.append(functools.partial(self.backend.get, self.layout.entry_json(key), MAX_JSON_BYTES))
-        return self._transfer(jobs, side_by_side), local_json
+            for n in missing])
+        records = (entry_record_of(got.header) for got in results if got.header is not None)
+        record = next((r for r in records if r is not None), None)
+        if record is not None:
+            return results, local_json, json_bytes(record)
+        try:
+            if self.local.fs.exists(local_json):
+                return results, local_json, None
+            return results, local_json, self.backend.get(self.layout.entry_json(key), MAX_JSON_BYTES)
+        except BaseException:
+            self._discard(results)
+            raise
 
-    def _transfer(self, jobs: list[Callable[[], Any]], side_by_side: bool = True) -> list[Any]:
+    def _transfer(self, jobs: list[Callable[[], Any]]) -> list[Any]:
         """Each job's result, in order. The first job runs in this thread; with a backend that
-        allows it (:attr:`~.backends.base.RetryingBackend.parallel`) and ``side_by_side`` (more
-        than one pack: the start waits for the slowest, not for their sum), the others run
-        meanwhile on at most :data:`PARALLEL_GETS` threads of their own (network I/O and
-        decompression only: they import nothing, see :meth:`prefetch`); else one after another
-        here (one pack and entry.json: a thread and a connection fewer, whose start takes the
-        GIL from the job's thread). When a job raises, the jobs not started are cancelled, the
+        allows it (:attr:`~.backends.base.RetryingBackend.parallel`), the others run meanwhile
+        on at most :data:`PARALLEL_GETS` threads of their own (the start waits for the slowest
+        pack, not for their sum; network I/O and decompression only: they import nothing, see
+        :meth:`prefetch`). When a job raises, the jobs not started are cancelled, the
         others waited for and their temp files removed, and it is raised."""
-        if len(jobs) < 2 or not side_by_side or not getattr(self.backend, "parallel", False):
+        if len(jobs) < 2 or not getattr(self.backend, "parallel", False):
             results: list[Any] = []
             try:
                 for job in jobs:
@@ -377,12 +404,12 @@ class RemoteTier:
 
     def _receive(self, key: str, name: str, obj: str, listed: int | None = None) -> _Received:
         """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
-        and counts nothing): ``obj`` into a temp file beside its target (a compressed object
-        ``listed`` at most :data:`_IN_MEMORY_MAX` bytes: into memory, bounded by that, then
-        expanded (bounded) straight into the temp file; a larger one into a second temp file
-        first), fsynced, then given the checks a load makes (limits, checksum, signature,
-        members, content name: reads and hashing, which release the GIL, done here rather than
-        on the job's thread). A problem is returned, not raised, for :meth:`_settle`;
+        and counts nothing): ``obj`` into a temp file beside its target, given the checks a load
+        makes (limits, checksum, signature, members, content name: reads and hashing, done here
+        rather than on the job's thread). A compressed object ``listed`` at most
+        :data:`_IN_MEMORY_MAX` bytes comes into memory (bounded by that) and is expanded,
+        checked and written there (:meth:`_settle_in_memory`); a larger one, or an uncompressed
+        one, goes through temp files. A problem is returned, not raised, for :meth:`_settle`;
         RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
         tmp = temp_path(target)
@@ -396,10 +423,7 @@ class RemoteTier:
                 buffer = io.BytesIO()
                 if not self._fetch_into(got, buffer, min(limit, _IN_MEMORY_MAX)):
                     return got
-                buffer.seek(0)
-                got.problem = self._expand_from(buffer.read, tmp, limit)
-                if got.problem is not None:
-                    got.data = buffer.getvalue()  # for the URL's quarantine
+                self._settle_in_memory(got, buffer.getvalue(), key, limit)
             else:
                 assert raw is not None
                 with self.local.fs.create(raw) as out:  # in the entry, reached through no link
@@ -410,14 +434,45 @@ class RemoteTier:
                         os.fsync(out.fileno())
                 if raw != tmp:
                     got.problem = self._expand(raw, tmp, limit)
-            if got.problem is None:
-                got.problem = self.local.checker.check_file(self.local.fs, tmp, key, name)
+                self._check_file(got, key)
             # Over this reader's limits is not broken for every reader: left in place.
             got.keep = isinstance(got.problem, PackLimitError)
         except BaseException:
             got.discard(self.local.fs)
             raise
         return got
+
+    def _settle_in_memory(self, got: _Received, data: bytes, key: str, limit: int) -> None:
+        """A compressed pack object downloaded into memory (``data``): expanded in one call
+        (bounded: :func:`.compression.expand`), checked in memory, then written into
+        ``got.tmp`` with one write and fsynced. Each system call on this thread hands the GIL to
+        the job's thread, which may keep it for a switch interval (5 ms) before this thread
+        goes on: a pack checked from a file (two dozen reads) took 12-31 ms there for 6 ms of
+        work. A pack that expands past :data:`_EXPAND_IN_MEMORY_MAX` streams through the file."""
+        try:
+            expanded = compression.expand(data, limit, _EXPAND_IN_MEMORY_MAX)
+        except CorruptPackError as exc:
+            got.problem, got.data = exc, data
+            return
+        if expanded is None:
+            got.problem = self._expand_from(io.BytesIO(data).read, got.tmp, limit)
+            self._check_file(got, key)
+        else:
+            got.problem, got.header = self.local.checker.check_data(expanded, key, got.name)
+            if got.problem is None:
+                with self.local.fs.create(got.tmp) as out:
+                    out.write(expanded)
+                    out.flush()
+                    os.fsync(out.fileno())
+        if got.problem is not None:
+            got.data = data  # for the URL's quarantine
+
+    def _check_file(self, got: _Received, key: str) -> None:
+        """The checks a load makes of the pack expanded into ``got.tmp`` (unless it already has
+        a problem), and its header when it passes."""
+        if got.problem is not None:
+            return
+        got.problem, got.header = self.local.checker.inspect_file(self.local.fs, got.tmp, key, got.name)
 
     def _fetch_into(self, got: _Received, out: Any, limit: int) -> bool:
         """Download ``got.obj`` into ``out`` (at most ``limit`` bytes); False when there is
@@ -570,8 +625,11 @@ class RemoteTier:
         """Add ``delta`` to this process's counters object (its own: no other process writes it);
         with a :attr:`~.backends.base.RetryingBackend.parallel` client, written in the
         background (:meth:`write_pending`), else now."""
+        delta = {k: v for k, v in delta.items() if k not in _LOCAL_ONLY}
+        if not delta:
+            return  # the local tier's own (its size): nothing to write
         with _state_lock:
-            add_counts(self._counts, {k: v for k, v in delta.items() if k not in _LOCAL_ONLY})
+            add_counts(self._counts, delta)
         if self.local.fs.read_only:
             return
         if getattr(self.backend, "parallel", False):

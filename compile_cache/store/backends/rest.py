@@ -15,7 +15,9 @@ status and the service's error code, never a header, a URL's query or a credenti
 
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
 import os
 import re
 import socket
@@ -74,8 +76,9 @@ class _Deadline:
     """The time limit of one whole request, not only of each socket read: a server that drips a
     byte now and then never holds a job past it. The server must answer (status and headers)
     within ``seconds``; then the body may take ``seconds`` plus one second per
-    :data:`MIN_RATE` bytes received. When the time is up a timer thread shuts the connection's
-    socket down, which ends any read blocked on it; the read then raises :class:`TimeoutError`.
+    :data:`MIN_RATE` bytes received. When the time is up the process's watchdog thread
+    (:class:`_Watchdog`) shuts the connection's socket down, which ends any read blocked on it;
+    the read then raises :class:`TimeoutError`.
     """
 
     def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
@@ -84,20 +87,16 @@ class _Deadline:
         self._seconds = seconds
         self.expires = self._start + seconds
         self.fired = False
-        self._timer: threading.Timer | None = None
-        self._arm()
+        self.cancelled = False
+        _watchdog().watch(self)
 
-    def _arm(self) -> None:
-        self._timer = threading.Timer(max(0.0, self.expires - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _fire(self) -> None:
-        if self._timer is None:
-            return  # cancelled
-        if time.monotonic() < self.expires - 0.01:
-            self._arm()  # the body made progress meanwhile: its deadline moved
-            return
+    def due(self, now: float) -> bool:
+        """The watchdog's call at the time it was given: ends the request and returns False if
+        its time is up, else True (the body made progress meanwhile: watch it to its new time)."""
+        if self.cancelled:
+            return False
+        if now < self.expires - 0.01:
+            return True
         self.fired = True
         sock = self._conn.sock
         if sock is not None:
@@ -105,20 +104,78 @@ class _Deadline:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        return False
 
     def received(self, total: int) -> None:
         """``total`` body bytes have arrived: the deadline grows with them."""
         self.expires = self._start + self._seconds + total / MIN_RATE
 
     def cancel(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+        self.cancelled = True
 
     def check(self, what: str) -> None:
         """Raise TimeoutError if the deadline ended the request."""
         if self.fired:
             raise TimeoutError(f"{what}: no complete answer within the request's deadline")
+
+
+class _Watchdog:
+    """One daemon thread per process that ends the requests whose deadline passed. A timer
+    thread per request would start and end with every request, each time taking the GIL from
+    the job's thread (a fresh node's restore makes its requests while the job imports); this
+    one starts once, and sleeps until the earliest deadline it was given (a new deadline,
+    later than that, does not wake it; a request that ends only marks its deadline cancelled)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._order = itertools.count()
+        self._wakes_at = float("inf")  # when the thread wakes next (inf: when told)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: _Deadline) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (deadline.expires, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="compile-cache-deadlines", daemon=True)
+                self._thread.start()
+            elif deadline.expires < self._wakes_at:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and (self._heap[0][2].cancelled or self._heap[0][0] <= now):
+                    _, _, deadline = heapq.heappop(self._heap)
+                    if deadline.due(now):
+                        heapq.heappush(self._heap, (deadline.expires, next(self._order), deadline))
+                self._wakes_at = self._heap[0][0] if self._heap else float("inf")
+                self._cond.wait(None if not self._heap else max(0.0, self._wakes_at - now))
+
+
+_watchdog_of: tuple[int, _Watchdog] | None = None
+_watchdog_lock = threading.Lock()
+
+
+def _watchdog() -> _Watchdog:
+    """This process's watchdog (a forked child makes its own: the thread is not copied)."""
+    global _watchdog_of
+    current = _watchdog_of
+    if current is not None and current[0] == os.getpid():
+        return current[1]
+    with _watchdog_lock:
+        if _watchdog_of is None or _watchdog_of[0] != os.getpid():
+            _watchdog_of = (os.getpid(), _Watchdog())
+        return _watchdog_of[1]
+
+
+def _new_watchdog_lock_in_child() -> None:
+    global _watchdog_lock  # a fork while another thread held it would leave it held
+    _watchdog_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_watchdog_lock_in_child)
 
 
 class Response:

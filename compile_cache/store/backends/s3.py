@@ -110,13 +110,11 @@ class S3Backend(HttpBackend):
 
     def follow_region(self, region: str) -> None:
         """Sign for ``region`` from now on (and, on AWS's own endpoint, talk to its host)."""
-        import dataclasses
-
         host = self._s.host
         if self._s.endpoint is None:
             host = (f"s3.{region}.amazonaws.com" if self._s.path_style
                     else f"{self.bucket}.s3.{region}.amazonaws.com")
-        self._s = dataclasses.replace(self._s, region=region, host=host)
+        self._s = self._s._replace(region=region, host=host)
         self.drop()
 
     @property
