@@ -91,7 +91,7 @@ def _child(args: argparse.Namespace) -> dict:
             "s3fs_imported": "s3fs" in sys.modules}  # the small S3 client needs none of it
 
 
-class _Moto:
+class MotoServer:
     """moto's S3 server on a free port of 127.0.0.1, in its own process group."""
 
     def __init__(self, log: str) -> None:
@@ -120,7 +120,7 @@ class _Moto:
         self._log.close()
 
 
-def _node_env(base: str, server: _Moto, store: str) -> dict[str, str]:
+def node_env(base: str, server: MotoServer, store: str) -> dict[str, str]:
     """A fresh node: everything machine-wide torch keeps is new and empty."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPILE_CACHE_", "AWS_"))}
     for name in ("tmp", "home", "xdg", "inductor", "triton", "tier"):
@@ -133,11 +133,11 @@ def _node_env(base: str, server: _Moto, store: str) -> dict[str, str]:
     return env
 
 
-def _start(args: argparse.Namespace, model: str, base: str, server: _Moto, store: str) -> dict:
+def start_node(args: argparse.Namespace, model: str, base: str, server: MotoServer, store: str) -> dict:
     layers, width = parse_model_spec(model)
     argv = [os.path.abspath(__file__), "--child", "--layers", str(layers), "--width", str(width),
             "--seq", str(args.seq), "--store", store]
-    result = run_child(argv, _node_env(base, server, store), timeout=args.timeout)
+    result = run_child(argv, node_env(base, server, store), timeout=args.timeout)
     if "://" in store:
         from compile_cache.store import Store
         from compile_cache.store.remote import local_tier_dir
@@ -159,7 +159,7 @@ def _start(args: argparse.Namespace, model: str, base: str, server: _Moto, store
     return result
 
 
-def _copy_to_s3(directory: str, server: _Moto, work: str, url: str = URL, level: str = "3") -> None:
+def copy_store(directory: str, server: MotoServer, work: str, url: str = URL, level: str = "3") -> None:
     """The directory store's entries into ``url`` (export, then import: both CLIs' code), packs
     compressed at zstd ``level`` (0: as they are)."""
     from compile_cache.store import Store
@@ -236,13 +236,13 @@ print(json.dumps({"client": backend.client, "import_s": t1 - t0, "make_s": t2 - 
 """
 
 
-def _client_import(server: _Moto, repeats: int, url: str = URL, **extra: str) -> dict:
+def _client_import(server: MotoServer, repeats: int, url: str = URL, **extra: str) -> dict:
     """Importing and making ``url``'s client in a fresh process (``open_backend``: the client's
     package and what it imports), then its first request (median); ``extra``: more settings."""
     samples = []
     for _i in range(max(1, repeats)):
         with tempfile.TemporaryDirectory(prefix="bench_remote_import_") as base:
-            env = {**_node_env(base, server, url), **extra}
+            env = {**node_env(base, server, url), **extra}
             done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, url], env=env, capture_output=True,
                                   text=True, timeout=300, check=True)
             samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -282,7 +282,7 @@ def levels(stores: list[str], count: int = 12) -> list[dict]:
     return rows
 
 
-def _emulators(work: str) -> list:
+def start_emulators(work: str) -> list:
     """gcp-storage-emulator and Azurite on 127.0.0.1 with a ``bench`` bucket each; their client
     settings go into :data:`EMULATOR_ENV`."""
     from pathlib import Path
@@ -345,19 +345,19 @@ def run(args: argparse.Namespace) -> list[dict]:
     if not args.no_byte_compile:
         byte_compile()
     with tempfile.TemporaryDirectory(prefix="bench_remote_") as work:
-        server = _Moto(os.path.join(work, "moto.log"))
-        emulators = [] if args.no_emulators else _emulators(work)
+        server = MotoServer(os.path.join(work, "moto.log"))
+        emulators = [] if args.no_emulators else start_emulators(work)
         try:
             for model in args.models:
                 directory = os.path.join(work, model, "dir-store")
                 print(f"[{model}] cold start publishing into a directory store", file=sys.stderr, flush=True)
-                cold = _start(args, model, os.path.join(work, model, "cold"), server, directory)
+                cold = start_node(args, model, os.path.join(work, model, "cold"), server, directory)
                 stores = [("dir node", directory), ("s3 node", URL), ("s3 raw node", RAW_URL)]
-                _copy_to_s3(directory, server, os.path.join(work, model))
-                _copy_to_s3(directory, server, os.path.join(work, model), RAW_URL, "0")
+                copy_store(directory, server, os.path.join(work, model))
+                copy_store(directory, server, os.path.join(work, model), RAW_URL, "0")
                 if emulators:
-                    _copy_to_s3(directory, server, os.path.join(work, model), GCS_URL)
-                    _copy_to_s3(directory, server, os.path.join(work, model), AZ_URL)
+                    copy_store(directory, server, os.path.join(work, model), GCS_URL)
+                    copy_store(directory, server, os.path.join(work, model), AZ_URL)
                     stores += [("gcs node", GCS_URL), ("azure node", AZ_URL)]
                 runs: dict[str, list[dict]] = {scenario: [] for scenario, _ in stores}
                 serving = {"s3 node": server.proc, "s3 raw node": server.proc,
@@ -367,7 +367,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     for scenario, store in stores:
                         base = os.path.join(work, model, f"{scenario.replace(' ', '-')}-{i}")
                         cpu_before = _server_cpu_s(serving.get(scenario))
-                        result = _start(args, model, base, server, store)
+                        result = start_node(args, model, base, server, store)
                         result["server_cpu_s"] = _server_cpu_s(serving.get(scenario)) - cpu_before
                         print(f"[{model}] {scenario} #{i}: TTFO {result['ttfo_s']:.2f} s, "
                               f"{result['bytes_moved']} bytes moved, server CPU "

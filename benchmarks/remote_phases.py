@@ -101,20 +101,20 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, capture_output=True, timeout=600)
     variants = [("this", None)] + ([("base", os.path.abspath(args.base))] if args.base else [])
     work = tempfile.mkdtemp(prefix="remote_phases_")
-    server = bench._Moto(os.path.join(work, "moto.log"))
-    emulators = bench._emulators(work)
+    server = bench.MotoServer(os.path.join(work, "moto.log"))
+    emulators = bench.start_emulators(work)
     phases: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
         directory = os.path.join(work, "dir-store")
-        bench._start(argparse.Namespace(seq=16, timeout=1800), "2x64", os.path.join(work, "cold"), server, directory)
+        bench.start_node(argparse.Namespace(seq=16, timeout=1800), "2x64", os.path.join(work, "cold"), server, directory)
         for url in (bench.URL, bench.GCS_URL, bench.AZ_URL):
-            bench._copy_to_s3(directory, server, work, url)
+            bench.copy_store(directory, server, work, url)
         stores = [("dir", directory), ("s3", bench.URL), ("gcs", bench.GCS_URL), ("azure", bench.AZ_URL)]
         for i in range(args.repeats):
             for store, where in stores:
                 for variant, path in variants if store != "dir" else variants[:1]:
                     base = os.path.join(work, f"{store}-{variant}-{i}")
-                    env = bench._node_env(base, server, where)
+                    env = bench.node_env(base, server, where)
                     if path:
                         env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
                     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env,

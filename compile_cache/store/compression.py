@@ -16,7 +16,6 @@ Python has it (3.14+), else ``backports.zstd`` (the same module).
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -184,10 +183,11 @@ def expand(data: bytes | bytearray | memoryview, limit: int, hold: int) -> bytes
 
 
 def decompress_bytes(data: bytes | bytearray | memoryview, limit: int) -> bytes:
-    """:func:`decompress` of a frame held in memory."""
-    src, out = io.BytesIO(data), io.BytesIO()
-    decompress(src.read, out, limit)
-    return out.getvalue()
+    """:func:`decompress` of a frame held in memory (:func:`expand`, whatever it declares
+    within ``limit``)."""
+    out = expand(data, limit, limit)
+    assert out is not None  # a declared size over limit raised
+    return out
 
 
 def decompress_head(data: bytes, n: int) -> bytes:

@@ -101,12 +101,25 @@ class Keeper:
         return moved
 
     @staticmethod
-    def entry_record(key: str, entry_info: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The ``entry.json`` record of ``key``: when, which torch, which host, plus ``entry_info``."""
-        record: dict[str, Any] = {"created": time.time(), "torch": torch_version(), "host": HOSTNAME}
+    def entry_record(key: str, entry_info: Mapping[str, Any] | None, *,
+                     made: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``entry.json`` record of ``key``: when, which torch, which host (now and here, or
+        ``made``'s ``created``, ``torch`` and ``host``: a pack header's), plus ``entry_info``."""
+        made = made or {}
+        record: dict[str, Any] = {"created": made["created"] if "created" in made else time.time(),
+                                  "torch": made["torch"] if "torch" in made else torch_version(),
+                                  "host": made["host"] if "host" in made else HOSTNAME}
         record.update(entry_info or {})
         record.update(key=key, format=FORMAT_VERSION)
         return record
+
+    @staticmethod
+    def entry_record_of(key: str, header: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The ``entry.json`` record of ``key`` that a checked pack's ``header`` carries (its
+        ``entry``, the publisher's ``entry_info``, with the header's time, torch and host), or
+        None for a pack written without one (by an earlier version, or without ``entry_info``)."""
+        entry = header.get("entry")
+        return Keeper.entry_record(key, entry, made=header) if isinstance(entry, dict) else None
 
     def write_entry_json(self, entry: Path, data: bytes) -> int:
         """Write ``entry.json`` unless a good one exists; the bytes this added to the store."""

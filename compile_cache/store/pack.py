@@ -56,7 +56,6 @@ __all__ = [
     "content_digest",
     "content_hash",
     "encode_pack",
-    "entry_record_of",
     "parse_header",
     "prefix_accepts",
     "read_pack_header",
@@ -183,7 +182,7 @@ def encode_pack(
     reference them. ``name``: the content hash if the caller already computed it. ``entry``:
     what the entry's ``entry.json`` records beyond the header's own fields (the publisher's
     ``entry_info``): a node that downloads the pack writes its local ``entry.json`` from it,
-    without a request for the URL's (:func:`entry_record_of`).
+    without a request for the URL's (:meth:`~.keeper.Keeper.entry_record_of`).
     """
     check_key(key)
     names = sorted(members)
@@ -285,20 +284,6 @@ _HEADER_FIELDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
     ("created", (int, float)), ("compile_seconds", (int, float)), ("metadata", dict),
     ("signer", str), ("torch", str), ("key", str), ("host", str), ("entry", dict),
 )
-
-
-def entry_record_of(header: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``entry.json`` record a checked pack's ``header`` carries (its ``entry``, with the
-    header's time, torch, host and key, as :meth:`~.keeper.Keeper.entry_record` makes it), or
-    None for a pack written without one (before it was added, or published without
-    ``entry_info``)."""
-    entry = header.get("entry")
-    if not isinstance(entry, dict):
-        return None
-    record: dict[str, Any] = {k: header[k] for k in ("created", "torch", "host") if k in header}
-    record.update(entry)
-    record.update(key=header.get("key"), format=FORMAT_VERSION)
-    return record
 
 
 def read_pack_header(path: Path) -> tuple[dict[str, Any], bool, int]:

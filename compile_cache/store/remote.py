@@ -62,7 +62,6 @@ from .pack import (
     MAX_HEADER_BYTES,
     PREFIX_SIZE,
     PackLimitError,
-    entry_record_of,
     read_pack_header_from,
 )
 from .parts import StoreParts
@@ -331,8 +330,8 @@ class RemoteTier:
         warns nothing): list ``key``'s packs and bring those the local tier lacks into temp
         files (:meth:`_receive`); (the results, where entry.json goes, its bytes or None), or
         None when nothing is missing. ``entry.json`` comes from the first pack whose header
-        carries its record (:func:`~.pack.entry_record_of`: no request), else, if the local
-        tier lacks it, from the URL (packs published before headers carried it). Raises
+        carries its record (:meth:`~.keeper.Keeper.entry_record_of`: no request), else, if the
+        local tier lacks it, from the URL (packs published before headers carried it). Raises
         RemoteError or OSError, its temp files removed."""
         entry = self._entry(key)
         if entry is None:
@@ -348,7 +347,8 @@ class RemoteTier:
         results = self._transfer([
             functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n])
             for n in missing])
-        records = (entry_record_of(got.header) for got in results if got.header is not None)
+        records = (self.local.keeper.entry_record_of(key, got.header) for got in results
+                   if got.header is not None)
         record = next((r for r in records if r is not None), None)
         if record is not None:
             return results, local_json, json_bytes(record)
@@ -408,7 +408,7 @@ class RemoteTier:
         makes (limits, checksum, signature, members, content name: reads and hashing, done here
         rather than on the job's thread). A compressed object ``listed`` at most
         :data:`_IN_MEMORY_MAX` bytes comes into memory (bounded by that) and is expanded,
-        checked and written there (:meth:`_settle_in_memory`); a larger one, or an uncompressed
+        checked and written there (:meth:`_expand_in_memory`); a larger one, or an uncompressed
         one, goes through temp files. A problem is returned, not raised, for :meth:`_settle`;
         RemoteError and OSError are raised, the temp files removed."""
         target = self.local.layout.pack_path(key, name)
@@ -423,7 +423,7 @@ class RemoteTier:
                 buffer = io.BytesIO()
                 if not self._fetch_into(got, buffer, min(limit, _IN_MEMORY_MAX)):
                     return got
-                self._settle_in_memory(got, buffer.getvalue(), key, limit)
+                self._expand_in_memory(got, buffer.getvalue(), key, limit)
             else:
                 assert raw is not None
                 with self.local.fs.create(raw) as out:  # in the entry, reached through no link
@@ -442,7 +442,7 @@ class RemoteTier:
             raise
         return got
 
-    def _settle_in_memory(self, got: _Received, data: bytes, key: str, limit: int) -> None:
+    def _expand_in_memory(self, got: _Received, data: bytes, key: str, limit: int) -> None:
         """A compressed pack object downloaded into memory (``data``): expanded in one call
         (bounded: :func:`.compression.expand`), checked in memory, then written into
         ``got.tmp`` with one write and fsynced. Each system call on this thread hands the GIL to
