@@ -821,3 +821,54 @@ def test_a_downloaded_pack_is_read_whole_once_unless_it_changed(
         warnings.simplefilter("always")
         assert changed.load(K1) == []
     assert checksums == [True, True] and changed.stats()["corrupt"] == 1
+
+
+def test_a_fresh_node_loads_before_its_download_is_synced_and_the_sync_follows(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The job does not wait for the disk: a pack downloaded by a prefetch is in place and
+    loaded while its fsync has not yet run; the prefetch thread then syncs and closes it. A
+    failing sync is logged, and the pack in place still loads (a later load checks it whole).
+    Without a prefetch (a fetch on the job's thread) the pack is synced before fetch returns."""
+    import threading
+
+    from compile_cache.store import remote
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-writer"))
+    assert Store(s3_url).publish(K1, MEMBERS, entry_info={"model_class": "M"})
+    release, synced = threading.Event(), []
+    real_fsync = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        assert release.wait(30)
+        synced.append(threading.current_thread().name)
+        if len(synced) == 2:
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(remote.os, "fsync", held_fsync)
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
+    reader = Store(s3_url)
+    assert reader.prefetch(K1) is True
+    assert _loaded(reader.load(K1)) == [MEMBERS]  # its fsync still held
+    assert synced == []
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name == "compile-cache-prefetch":
+            thread.join(30)
+    assert synced == ["compile-cache-prefetch"]
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-failing"))
+    failing = Store(s3_url)
+    with caplog.at_level("WARNING", logger="compile_cache"):
+        assert failing.prefetch(K1) is True
+        assert _loaded(failing.load(K1)) == [MEMBERS]
+        for thread in threading.enumerate():
+            if thread.name == "compile-cache-prefetch":
+                thread.join(30)
+    assert len(synced) == 2 and "not synced to disk" in caplog.text and "Input/output error" in caplog.text
+    assert _loaded(Store(s3_url).load(K1)) == [MEMBERS] and failing.stats()["corrupt"] == 0
+
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-inline"))
+    inline = Store(s3_url)
+    assert _loaded(inline.load(K1)) == [MEMBERS]  # no prefetch: synced within the load
+    assert synced[2:] == [threading.current_thread().name]

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .. import config, publisher
 from .._paths import temp_path
@@ -86,6 +86,9 @@ _IN_MEMORY_MAX = 16 << 20
 #: call when it declares at most this many bytes (a larger one streams through its temp file):
 #: at most (1 + PARALLEL_GETS) x (16 + 32) MiB of memory at once, within issue 15's bound.
 _EXPAND_IN_MEMORY_MAX = 32 << 20
+#: A fetch of at most this many packs leaves their fsync for after its result is out
+#: (:meth:`RemoteTier.sync`), each file open until then; more are synced one by one as before.
+_DEFER_SYNC_MAX = 8
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
@@ -128,7 +131,8 @@ class _Received:
     only when it has a problem, for the URL's quarantine), the bytes that crossed the network,
     and what went wrong (``gone``: the object vanished; ``problem``: refused by its expansion or
     by the checks a load makes, ``keep``: left in the bucket for readers with larger limits),
-    and the checked pack's header (None with a problem, or for a pack this reader skips)."""
+    and the checked pack's header (None with a problem, or for a pack this reader skips).
+    ``unsynced``: ``tmp`` written but not fsynced, still open, for :meth:`RemoteTier.sync`."""
 
     name: str
     obj: str
@@ -140,12 +144,20 @@ class _Received:
     keep: bool = False
     data: bytes | None = None
     header: dict[str, Any] | None = None
+    unsynced: IO[bytes] | None = None
 
     def discard(self, fs: Any) -> None:
         """Remove the temp files (what was renamed into place is gone from here already)."""
         for path in {self.raw, self.tmp} - {None}:
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(path)
+
+    def abandon(self, fs: Any) -> None:
+        """:meth:`discard`, and close what is still open: nothing of it will be used."""
+        unsynced, self.unsynced = self.unsynced, None
+        if unsynced is not None:
+            unsynced.close()
+        self.discard(fs)
 
 
 #: Tiers with writes left for later (:meth:`RemoteTier.write_pending`), and the lock that makes
@@ -184,13 +196,17 @@ def write_all_pending(url: str | None = None) -> None:
 
 class _Background:
     """``fn()`` on a daemon thread of its own; :meth:`result` waits for it, and returns or
-    raises what it did (in a process forked meanwhile, which has no such thread: runs it now)."""
+    raises what it did (in a process forked meanwhile, which has no such thread: runs it now).
+    ``then(result)``, if given, runs on the same thread once the result is out (after a
+    success only): what the caller need not wait for."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], then: Callable[[Any], None] | None = None) -> None:
         self._fn = fn
+        self._then = then
         self._pid = os.getpid()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="compile-cache-prefetch", daemon=True)
         self._thread.start()
 
@@ -199,11 +215,19 @@ class _Background:
             self._result = self._fn()
         except BaseException as exc:  # raised in the caller's thread, by result()
             self._error = exc
+            return
+        finally:
+            self._done.set()
+        if self._then is not None:
+            self._then(self._result)
 
     def result(self) -> Any:
         if self._pid != os.getpid():
-            return self._fn()
-        self._thread.join()
+            result = self._fn()
+            if self._then is not None:
+                self._then(result)
+            return result
+        self._done.wait()
         if self._error is not None:
             raise self._error
         return self._result
@@ -278,7 +302,7 @@ class RemoteTier:
             return False
         self.backend.preload()
         compression.zstd()
-        self._prefetches[key] = _Background(functools.partial(self._gather, key))
+        self._prefetches[key] = _Background(functools.partial(self._gather, key), then=self.sync)
         return True
 
     def fetch(self, key: str, *, strict: bool = False) -> int:
@@ -289,9 +313,11 @@ class RemoteTier:
         checked as it arrives; ``entry.json`` from their headers) is the one :meth:`prefetch`
         started, if it did; each pack is put in place (or counted and set aside) here, in the
         calling thread, and vouched for (:meth:`~.checker.PackChecker.vouch`): the load that
-        follows does not read it whole again."""
+        follows does not read it whole again. A pack expanded in memory is fsynced after it is
+        in place (:meth:`sync`; by the prefetch thread, if it ran there)."""
         moved = stored = downloaded = 0
         started = self._prefetches.pop(key, None)
+        gathered = None
         try:
             gathered = started.result() if started is not None else self._gather(key)
             if gathered is None:
@@ -318,6 +344,8 @@ class RemoteTier:
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         finally:
+            if started is None and gathered is not None:
+                self.sync(gathered)
             if downloaded or stored:  # also what was put in place before a fault
                 # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
                 # Written with the next update or at exit: not on the way to the first output.
@@ -344,8 +372,10 @@ class RemoteTier:
         local_json = self.local.layout.entry_json(key)
         # The largest first: it takes longest, and goes on the connection the listing opened.
         missing.sort(key=lambda n: -entry.packs[n])
+        defer_sync = len(missing) <= _DEFER_SYNC_MAX
         results = self._transfer([
-            functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n])
+            functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n],
+                              defer_sync=defer_sync)
             for n in missing])
         records = (self.local.keeper.entry_record_of(key, got.header) for got in results
                    if got.header is not None)
@@ -394,7 +424,26 @@ class RemoteTier:
     def _discard(self, results: list[Any]) -> None:
         for got in results:
             if isinstance(got, _Received):
-                got.discard(self.local.fs)
+                got.abandon(self.local.fs)
+
+    def sync(self, gathered: tuple[list[Any], Path, bytes | None] | None) -> None:
+        """fsync and close the files of a :meth:`_gather` that :meth:`_expand_in_memory` wrote
+        without (in place by now, about to be, or removed: the descriptor is the file's). The
+        durability of a cache copy, not its correctness: a pack that a crash leaves short fails
+        the next load's checks and is a miss. After the result is out, on the prefetch thread,
+        so that a start does not wait for the disk (an fsync of ``bench_remote``'s 1.7 MB pack
+        took 1-11 ms here)."""
+        for got in gathered[0] if gathered else ():
+            unsynced, got.unsynced = got.unsynced, None
+            if unsynced is None:
+                continue
+            try:
+                os.fsync(unsynced.fileno())
+            except OSError as exc:
+                logger.warning("compile cache %s: pack %s not synced to disk: %s", self.display, got.name, exc)
+            finally:
+                with contextlib.suppress(OSError):
+                    unsynced.close()
 
     def _download(self, key: str, name: str, obj: str, listed: int | None = None) -> int:
         """One pack object ``obj`` into the local tier (temp file, expanded if compressed,
@@ -402,7 +451,8 @@ class RemoteTier:
         loads read members in place."""
         return self._settle(key, self._receive(key, name, obj, listed))
 
-    def _receive(self, key: str, name: str, obj: str, listed: int | None = None) -> _Received:
+    def _receive(self, key: str, name: str, obj: str, listed: int | None = None, *,
+                 defer_sync: bool = False) -> _Received:
         """The network half of :meth:`_download` (safe in a worker thread: it imports nothing
         and counts nothing): ``obj`` into a temp file beside its target, given the checks a load
         makes (limits, checksum, signature, members, content name: reads and hashing, done here
@@ -423,7 +473,7 @@ class RemoteTier:
                 buffer = io.BytesIO()
                 if not self._fetch_into(got, buffer, min(limit, _IN_MEMORY_MAX)):
                     return got
-                self._expand_in_memory(got, buffer.getvalue(), key, limit)
+                self._expand_in_memory(got, buffer.getvalue(), key, limit, defer_sync)
             else:
                 assert raw is not None
                 with self.local.fs.create(raw) as out:  # in the entry, reached through no link
@@ -438,17 +488,18 @@ class RemoteTier:
             # Over this reader's limits is not broken for every reader: left in place.
             got.keep = isinstance(got.problem, PackLimitError)
         except BaseException:
-            got.discard(self.local.fs)
+            got.abandon(self.local.fs)
             raise
         return got
 
-    def _expand_in_memory(self, got: _Received, data: bytes, key: str, limit: int) -> None:
+    def _expand_in_memory(self, got: _Received, data: bytes, key: str, limit: int,
+                          defer_sync: bool = False) -> None:
         """A compressed pack object downloaded into memory (``data``): expanded in one call
         (bounded: :func:`.compression.expand`), checked in memory, then written into
-        ``got.tmp`` with one write and fsynced. Each system call on this thread hands the GIL to
-        the job's thread, which may keep it for a switch interval (5 ms) before this thread
-        goes on: a pack checked from a file (two dozen reads) took 12-31 ms there for 6 ms of
-        work. A pack that expands past :data:`_EXPAND_IN_MEMORY_MAX` streams through the file."""
+        ``got.tmp`` with one write and fsynced, or (``defer_sync``) left open for :meth:`sync`. Each system call on this thread hands the GIL to the job's thread, which may
+        keep it for a switch interval (5 ms) before this thread goes on: a pack checked from a
+        file (two dozen reads) took 12-31 ms there for 6 ms of work. A pack that expands past
+        :data:`_EXPAND_IN_MEMORY_MAX` streams through the file (fsynced before it is in place)."""
         try:
             expanded = compression.expand(data, limit, _EXPAND_IN_MEMORY_MAX)
         except CorruptPackError as exc:
@@ -460,10 +511,19 @@ class RemoteTier:
         else:
             got.problem, got.header = self.local.checker.check_data(expanded, key, got.name)
             if got.problem is None:
-                with self.local.fs.create(got.tmp) as out:
+                out = self.local.fs.create(got.tmp)
+                try:
                     out.write(expanded)
                     out.flush()
-                    os.fsync(out.fileno())
+                    if not defer_sync:
+                        os.fsync(out.fileno())
+                except BaseException:
+                    out.close()
+                    raise
+                if defer_sync:
+                    got.unsynced = out
+                else:
+                    out.close()
         if got.problem is not None:
             got.data = data  # for the URL's quarantine
 
