@@ -826,9 +826,10 @@ def test_a_downloaded_pack_is_read_whole_once_unless_it_changed(
 def test_a_fresh_node_loads_before_its_download_is_synced_and_the_sync_follows(
         s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The job does not wait for the disk: a pack downloaded by a prefetch is in place and
-    loaded while its fsync has not yet run; the prefetch thread then syncs and closes it. A
-    failing sync is logged, and the pack in place still loads (a later load checks it whole).
-    Without a prefetch (a fetch on the job's thread) the pack is synced before fetch returns."""
+    loaded while its fsync has not yet run; the prefetch thread syncs it later
+    (``SYNC_DELAY_S`` after its result). A failing sync is logged, and the pack in place still
+    loads (a later load checks it whole). Without a prefetch (a fetch on the job's thread) the
+    pack is synced before it is put in place, as before."""
     import threading
 
     from compile_cache.store import remote
@@ -845,16 +846,21 @@ def test_a_fresh_node_loads_before_its_download_is_synced_and_the_sync_follows(
             raise OSError(5, "Input/output error")
         real_fsync(fd)
 
+    def prefetch_threads_end() -> None:
+        for thread in threading.enumerate():
+            if thread.name == "compile-cache-prefetch":
+                thread.join(30)
+
+    prefetch_threads_end()  # earlier tests' (each syncs its packs SYNC_DELAY_S after its result)
     monkeypatch.setattr(remote.os, "fsync", held_fsync)
+    monkeypatch.setattr(remote, "SYNC_DELAY_S", 0.2)
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier"))
     reader = Store(s3_url)
     assert reader.prefetch(K1) is True
     assert _loaded(reader.load(K1)) == [MEMBERS]  # its fsync still held
     assert synced == []
     release.set()
-    for thread in threading.enumerate():
-        if thread.name == "compile-cache-prefetch":
-            thread.join(30)
+    prefetch_threads_end()
     assert synced == ["compile-cache-prefetch"]
 
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-failing"))
@@ -862,13 +868,11 @@ def test_a_fresh_node_loads_before_its_download_is_synced_and_the_sync_follows(
     with caplog.at_level("WARNING", logger="compile_cache"):
         assert failing.prefetch(K1) is True
         assert _loaded(failing.load(K1)) == [MEMBERS]
-        for thread in threading.enumerate():
-            if thread.name == "compile-cache-prefetch":
-                thread.join(30)
+        prefetch_threads_end()
     assert len(synced) == 2 and "not synced to disk" in caplog.text and "Input/output error" in caplog.text
     assert _loaded(Store(s3_url).load(K1)) == [MEMBERS] and failing.stats()["corrupt"] == 0
 
     monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "tier-inline"))
     inline = Store(s3_url)
-    assert _loaded(inline.load(K1)) == [MEMBERS]  # no prefetch: synced within the load
+    assert _loaded(inline.load(K1)) == [MEMBERS]  # no prefetch: synced before it is in place
     assert synced[2:] == [threading.current_thread().name]

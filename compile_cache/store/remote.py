@@ -86,9 +86,13 @@ _IN_MEMORY_MAX = 16 << 20
 #: call when it declares at most this many bytes (a larger one streams through its temp file):
 #: at most (1 + PARALLEL_GETS) x (16 + 32) MiB of memory at once, within issue 15's bound.
 _EXPAND_IN_MEMORY_MAX = 32 << 20
-#: A fetch of at most this many packs leaves their fsync for after its result is out
-#: (:meth:`RemoteTier.sync`), each file open until then; more are synced one by one as before.
+#: A prefetch of at most this many packs leaves their fsync for later (:meth:`RemoteTier.sync`),
+#: each file open until then; more are synced one by one before they are put in place.
 _DEFER_SYNC_MAX = 8
+#: Seconds after its result is out that a prefetch thread syncs the packs it left unsynced: the
+#: start's restore and first forward write files meanwhile, and an fsync beside them (an ext4
+#: journal commit) delayed them.
+SYNC_DELAY_S = 3.0
 #: A fetch's pack downloads at once, at most (the first on the calling thread, the others on
 #: threads of their own): a fresh node's start waits for the slowest pack, not for their sum.
 PARALLEL_GETS = 4
@@ -197,12 +201,15 @@ def write_all_pending(url: str | None = None) -> None:
 class _Background:
     """``fn()`` on a daemon thread of its own; :meth:`result` waits for it, and returns or
     raises what it did (in a process forked meanwhile, which has no such thread: runs it now).
-    ``then(result)``, if given, runs on the same thread once the result is out (after a
-    success only): what the caller need not wait for."""
+    ``then(result)``, if given, runs on the same thread ``then_after`` seconds after the result
+    is out (after a success only; in a forked process at once): what the caller need not wait
+    for. It may not run at all if the process ends first (a daemon thread)."""
 
-    def __init__(self, fn: Callable[[], Any], then: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, fn: Callable[[], Any], then: Callable[[Any], None] | None = None,
+                 then_after: float = 0.0) -> None:
         self._fn = fn
         self._then = then
+        self._then_after = then_after
         self._pid = os.getpid()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -219,6 +226,7 @@ class _Background:
         finally:
             self._done.set()
         if self._then is not None:
+            time.sleep(self._then_after)
             self._then(self._result)
 
     def result(self) -> Any:
@@ -302,7 +310,8 @@ class RemoteTier:
             return False
         self.backend.preload()
         compression.zstd()
-        self._prefetches[key] = _Background(functools.partial(self._gather, key), then=self.sync)
+        self._prefetches[key] = _Background(functools.partial(self._gather, key, defer_sync=True),
+                                            then=self.sync, then_after=SYNC_DELAY_S)
         return True
 
     def fetch(self, key: str, *, strict: bool = False) -> int:
@@ -313,11 +322,10 @@ class RemoteTier:
         checked as it arrives; ``entry.json`` from their headers) is the one :meth:`prefetch`
         started, if it did; each pack is put in place (or counted and set aside) here, in the
         calling thread, and vouched for (:meth:`~.checker.PackChecker.vouch`): the load that
-        follows does not read it whole again. A pack expanded in memory is fsynced after it is
-        in place (:meth:`sync`; by the prefetch thread, if it ran there)."""
+        follows does not read it whole again. The packs a prefetch expanded in memory are
+        fsynced later, by its thread (:meth:`sync`)."""
         moved = stored = downloaded = 0
         started = self._prefetches.pop(key, None)
-        gathered = None
         try:
             gathered = started.result() if started is not None else self._gather(key)
             if gathered is None:
@@ -344,8 +352,6 @@ class RemoteTier:
             self.local.keeper.io_error("download", exc, self.local.layout.packs_dir(key))
             return 0
         finally:
-            if started is None and gathered is not None:
-                self.sync(gathered)
             if downloaded or stored:  # also what was put in place before a fault
                 # bytes_downloaded: what crossed the network (compressed); stored_bytes: the local tier's.
                 # Written with the next update or at exit: not on the way to the first output.
@@ -353,7 +359,7 @@ class RemoteTier:
                                                stored_bytes=stored)
         return moved
 
-    def _gather(self, key: str) -> tuple[list[Any], Path, bytes | None] | None:
+    def _gather(self, key: str, *, defer_sync: bool = False) -> tuple[list[Any], Path, bytes | None] | None:
         """The network half of :meth:`fetch` (safe on another thread: it imports, counts and
         warns nothing): list ``key``'s packs and bring those the local tier lacks into temp
         files (:meth:`_receive`); (the results, where entry.json goes, its bytes or None), or
@@ -372,7 +378,7 @@ class RemoteTier:
         local_json = self.local.layout.entry_json(key)
         # The largest first: it takes longest, and goes on the connection the listing opened.
         missing.sort(key=lambda n: -entry.packs[n])
-        defer_sync = len(missing) <= _DEFER_SYNC_MAX
+        defer_sync = defer_sync and len(missing) <= _DEFER_SYNC_MAX
         results = self._transfer([
             functools.partial(self._receive, key, n, self.layout.pack_object_of(entry, n), entry.packs[n],
                               defer_sync=defer_sync)
@@ -428,11 +434,11 @@ class RemoteTier:
 
     def sync(self, gathered: tuple[list[Any], Path, bytes | None] | None) -> None:
         """fsync and close the files of a :meth:`_gather` that :meth:`_expand_in_memory` wrote
-        without (in place by now, about to be, or removed: the descriptor is the file's). The
-        durability of a cache copy, not its correctness: a pack that a crash leaves short fails
-        the next load's checks and is a miss. After the result is out, on the prefetch thread,
-        so that a start does not wait for the disk (an fsync of ``bench_remote``'s 1.7 MB pack
-        took 1-11 ms here)."""
+        without (in place by now, or removed: the descriptor is the file's). The durability of a
+        cache copy, not its correctness: a pack that a crash leaves short fails the next load's
+        checks (counted as corrupt, set aside) and is downloaded again. On the prefetch thread,
+        :data:`SYNC_DELAY_S` after its result: a start neither waits for the disk (an fsync of
+        ``bench_remote``'s 1.7 MB pack took 1-11 ms here) nor writes its files beside one."""
         for got in gathered[0] if gathered else ():
             unsynced, got.unsynced = got.unsynced, None
             if unsynced is None:
