@@ -13,7 +13,9 @@ checks), never with the store itself:
   its content name) before it is put in place; then restore from local disk. Two requests in
   all for an entry of one pack: the local ``entry.json`` is written from the record its pack's
   header carries (a pack of an earlier version, without one: a third request, for the URL's).
-  A pack is downloaded once per node. A corrupt object is counted (``corrupt``), warned about
+  A pack a prefetch brought into memory is fsynced by its thread a few seconds later
+  (:meth:`RemoteTier.sync`), not on the way to the first output. A pack is downloaded once per
+  node. A corrupt object is counted (``corrupt``), warned about
   once, and moved to the URL's quarantine (or, read-only, skipped by this process).
 * **publish**: write locally, then put each pack the URL lacks, zstd-compressed as
   ``<hash>.pack.zst`` (:mod:`.compression`; ``COMPILE_CACHE_PACK_COMPRESSION=0``: ``<hash>.pack``
