@@ -30,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import fresh_node_env  # noqa: E402
+
 MODES = ("none", "one", "chunks", "sleeps", "python")
 CALLS = 48
 
@@ -71,15 +74,6 @@ def _child(mode: str) -> None:
     print("RESULT " + json.dumps({"wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3}))
 
 
-def _fresh_env(base: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for var, name in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg"),
-                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        env[var] = os.path.join(base, name)
-        os.makedirs(env[var])
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=10, help="samples per mode")
@@ -94,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             base = tempfile.mkdtemp(prefix="gil_contention_")
             try:
                 done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
-                                      env=_fresh_env(base), capture_output=True, text=True, timeout=600,
+                                      env=fresh_node_env(base), capture_output=True, text=True, timeout=600,
                                       check=True)
             finally:
                 shutil.rmtree(base, ignore_errors=True)

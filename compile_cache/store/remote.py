@@ -504,9 +504,10 @@ class RemoteTier:
                           defer_sync: bool = False) -> None:
         """A compressed pack object downloaded into memory (``data``): expanded in one call
         (bounded: :func:`.compression.expand`), checked in memory, then written into
-        ``got.tmp`` with one write and fsynced, or (``defer_sync``) left open for :meth:`sync`. Each system call on this thread hands the GIL to the job's thread, which may
-        keep it for a switch interval (5 ms) before this thread goes on: a pack checked from a
-        file (two dozen reads) took 12-31 ms there for 6 ms of work. A pack that expands past
+        ``got.tmp`` with one write and fsynced, or (``defer_sync``) left open for :meth:`sync`.
+        Each system call on this thread hands the GIL to the job's thread, which may keep it
+        for a switch interval (5 ms) before this thread goes on: a pack checked from a file (two
+        dozen reads) took 12-31 ms there for 6 ms of work. A pack that expands past
         :data:`_EXPAND_IN_MEMORY_MAX` streams through the file (fsynced before it is in place)."""
         try:
             expanded = compression.expand(data, limit, _EXPAND_IN_MEMORY_MAX)
@@ -519,18 +520,12 @@ class RemoteTier:
         else:
             got.problem, got.header = self.local.checker.check_data(expanded, key, got.name)
             if got.problem is None:
-                out = self.local.fs.create(got.tmp)
-                try:
-                    out.write(expanded)
-                    out.flush()
-                    if not defer_sync:
-                        os.fsync(out.fileno())
-                except BaseException:
-                    out.close()
-                    raise
-                if defer_sync:
-                    got.unsynced = out
-                else:
+                out = got.unsynced = self.local.fs.create(got.tmp)  # closed by abandon() on a raise
+                out.write(expanded)
+                out.flush()
+                if not defer_sync:
+                    os.fsync(out.fileno())
+                    got.unsynced = None
                     out.close()
         if got.problem is not None:
             got.data = data  # for the URL's quarantine
