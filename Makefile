@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+# The versions the suite was last green with (pip constraints); LOCK= installs the newest releases.
+LOCK ?= constraints.txt
+PIP_LOCK := $(if $(LOCK),-c $(LOCK))
 STAMP := $(VENV)/.compile_cache-installed
-SOURCES := Makefile pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+SOURCES := Makefile pyproject.toml setup.py $(LOCK) $(wildcard csrc/*.cpp csrc/*.h)
 # Azurite's blob service for the az:// tests (tests/_object_emulators.py finds it here). 3.35.0:
 # the newest whose package.json accepts Node 20 (3.36 wants Node 21, 3.37 Node 22).
 AZURITE_VERSION ?= 3.35.0
@@ -22,9 +25,9 @@ install: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,bench,s3,gcs,azure]"
+	$(PY) -m pip install --quiet $(PIP_LOCK) --upgrade pip
+	$(PY) -m pip install --quiet $(PIP_LOCK) "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
+	$(PY) -m pip install --quiet $(PIP_LOCK) --no-build-isolation -e ".[test,bench,s3,gcs,azure]"
 	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to install Azurite, the az:// test emulator"; exit 1; }
 	test -x $(AZURITE_DIR)/node_modules/.bin/azurite-blob \
 	  && grep -q '"version": "$(AZURITE_VERSION)"' $(AZURITE_DIR)/node_modules/azurite/package.json \

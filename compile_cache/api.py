@@ -112,8 +112,9 @@ def compile_regions(
     instead of compiling it (``None``: ``COMPILE_CACHE_DIR`` or the default; ``False``: no store;
     a path: that store). ``precompile``: also cache Dynamo's traced bytecode and guards per group,
     so a hit skips tracing (``None``: ``COMPILE_CACHE_PRECOMPILE``, else
-    ``config.PRECOMPILE_DEFAULT``: on with Inductor). ``example_inputs``: compile now, with
-    :func:`compile_cache.warm_up`, instead of at the first forward. ``distributed``: how the ranks
+    ``config.PRECOMPILE_DEFAULT``: off while it is under review; asked for, it warns once).
+    ``example_inputs``: compile now, with :func:`compile_cache.warm_up`, instead of at the first
+    forward. ``distributed``: how the ranks
     of a job share one compile (``shared``, ``broadcast`` or ``off``).
 
     ``compile_cache.last_report()`` says what was restored, compiled and published. Hooks,
@@ -154,6 +155,8 @@ def compile_planned(
     if not plan.disabled:
         local_dirs.secure_local_dirs()  # torch's local dirs: ours, or a private one instead
         use_precompile = precompile_requested(precompile, kwargs) and cache_dir is not False
+        if use_precompile:
+            _warn_precompile_under_review()
         if precompile and cache_dir is False:
             _warnings.warn("compile_cache: precompile=True needs a store (cache_dir=False): "
                            "compiling without precompile", regions.RegionPrecompileWarning)
@@ -192,6 +195,18 @@ def compile_planned(
     else:
         _distributed.note_lazy(model, distributed)
     return model
+
+
+_precompile_review_warned = False
+
+
+def _warn_precompile_under_review() -> None:
+    """Warn once per process that precompile, asked for explicitly, is under review
+    (``config.PRECOMPILE_DEFAULT`` says why it is off by default)."""
+    global _precompile_review_warned
+    if not _precompile_review_warned:
+        _precompile_review_warned = True
+        _warnings.warn(config.PRECOMPILE_UNDER_REVIEW, regions.RegionPrecompileWarning)
 
 
 def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile_kwargs: Any) -> KeyFields:

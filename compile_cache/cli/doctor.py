@@ -195,6 +195,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if remote is not None and remote.get("error"):
         problems.append(f"object storage: {remote['error']}")
     not_carried = _not_carried()
+    precompile = _precompile_info()
     data = {
         "version": __version__,
         "store": {
@@ -209,6 +210,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "local_dirs": local,
         "variables": variables,
         "capabilities": caps,
+        "precompile": precompile,
         "not_carried": not_carried,
         "problems": problems,
     }
@@ -275,6 +277,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("\nNot carried by packs (a fresh node compiles or tunes these again)")
     for line in not_carried:
         print(f"  - {line}")
+    print("\nPrecompile (Dynamo's traced code cached per region group)")
+    print(pairs([("state", ("on" if precompile["on"] else "off") + f" ({precompile['source']})"),
+                 ("default", "off: " + precompile["why_default"])], "  "))
     print("\nFingerprint backend")
     fb_rows = [
         ("backend", backend["backend"] + (f" (fell back {backend['fallbacks']}x)" if backend["fallbacks"] else "")),
@@ -299,6 +304,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1
     print("\nNo problems found")
     return 0
+
+
+def _precompile_info() -> dict[str, Any]:
+    """Whether a job started here uses precompile, where that comes from, and why the default is
+    what it is (``config.PRECOMPILE_DEFAULT``)."""
+    try:
+        on = bool(config.PRECOMPILE.value())
+    except ConfigError:  # listed with the other bad variables
+        on = config.PRECOMPILE_DEFAULT
+    source = ("COMPILE_CACHE_PRECOMPILE" if config.PRECOMPILE.raw() is not None
+              else "the default; precompile=True or COMPILE_CACHE_PRECOMPILE=1 turns it on, warned")
+    return {"on": on, "source": source, "default": config.PRECOMPILE_DEFAULT,
+            "why_default": "under review: a loaded entry can still differ from eager where a value "
+                           "was absent at trace time, a builtin is shadowed by a module global or a "
+                           "class attribute is swapped after compiling"}
 
 
 def _not_carried() -> list[str]:

@@ -73,8 +73,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     comp.add_argument("--dynamic", type=_bool_arg, metavar="true|false", help="torch.compile dynamic=")
     comp.add_argument("--fullgraph", action="store_true", help="torch.compile fullgraph=True")
     comp.add_argument("--precompile", action=argparse.BooleanOptionalAction, default=None,
-                      help="also cache Dynamo's traced code (default: COMPILE_CACHE_PRECOMPILE, else on "
-                           "with Inductor)")
+                      help="also cache Dynamo's traced code (default: COMPILE_CACHE_PRECOMPILE, else off "
+                           "while it is under review)")
 
 
 # ------------------------------------------------------------------------------- parsing input
