@@ -48,6 +48,7 @@ _LAZY: dict[str, str] = {
     "RegionEagerWarning": "regions",
     "RegionRecompileWarning": "regions",
     "RegionPrecompileWarning": "precompiled",
+    "PrecompileReviewWarning": "precompiled",
     "Store": "store",
     "backend": "fingerprint",
 }
@@ -72,6 +73,7 @@ __all__ = [
     "CacheMissWarning",
     "CacheReport",
     "CompiledFunction",
+    "PrecompileReviewWarning",
     "RegionEagerWarning",
     "RegionPlan",
     "RegionPrecompileWarning",

@@ -70,6 +70,7 @@ from . import distributed as _distributed
 from .errors import ConfigError
 from .keys import KeyFields, key_fields
 from .plan import REASONS, RegionPlan, check_module, plan_regions, whole_plan
+from .precompiled import PrecompileReviewWarning
 from .session import CacheReport, last_report, open_session, precompile_requested, session_for
 from .torch_compat import restored_code
 from .torch_compat.inductor_backend import config_without_compile_stack
@@ -206,7 +207,7 @@ def _warn_precompile_under_review() -> None:
     global _precompile_review_warned
     if not _precompile_review_warned:
         _precompile_review_warned = True
-        _warnings.warn(config.PRECOMPILE_UNDER_REVIEW, regions.RegionPrecompileWarning)
+        _warnings.warn(config.PRECOMPILE_UNDER_REVIEW, PrecompileReviewWarning)
 
 
 def key_for(model: nn.Module, *, precompile: bool | None = None, **torch_compile_kwargs: Any) -> KeyFields:

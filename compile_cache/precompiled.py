@@ -64,6 +64,7 @@ __all__ = [
     "GroupPrecompiler",
     "PrecompileEvent",
     "PrecompileSetup",
+    "PrecompileReviewWarning",
     "PrecompileTracker",
     "RegionPrecompileWarning",
     "compile_plain",
@@ -73,6 +74,11 @@ __all__ = [
 
 class RegionPrecompileWarning(RuntimeWarning):
     """A region does not use precompile (it compiles normally, so Dynamo traces it at each start)."""
+
+
+class PrecompileReviewWarning(UserWarning):
+    """Precompile was asked for while it is under review (``config.PRECOMPILE_DEFAULT`` says
+    why it is off by default); shown once per process."""
 
 
 #: Why the calls that pass a KV cache to a group's blocks, other than decode steps through the

@@ -5,8 +5,8 @@ environment: new TMPDIR, HOME, XDG_CACHE_HOME and local torch cache dirs for a f
 
 MODE: ``fwd`` (one forward under no_grad), ``train`` (one training step: forward and backward),
 ``both`` (the forward, then the training step). ``--plain`` compiles with ``precompile=False``
-(FX-graph and AOTAutograd entries only, Dynamo traces on every start); the default precompiles
-each region group (compile_cache.config.PRECOMPILE_DEFAULT). The model is compile_cache.demo's
+(FX-graph and AOTAutograd entries only, Dynamo traces on every start); without it each region
+group is precompiled (``precompile=True``: off by default while it is under review). The model is compile_cache.demo's
 TinyTransformer (2 blocks, width 32) in eval mode (no dropout: outputs comparable with eager).
 
 Prints ``RESULT {json}``: torch's cache counters, the largest differences from eager (output and
@@ -38,7 +38,7 @@ expected_grads = [p.grad.clone() for p in model.parameters()]
 model.zero_grad(set_to_none=True)
 
 compile_cache.compile_regions(model, cache_dir=store,
-                               precompile=False if "--plain" in sys.argv else None)
+                               precompile="--plain" not in sys.argv)
 out_diff = grad_diff = 0.0
 if mode in ("fwd", "both"):
     with torch.no_grad():

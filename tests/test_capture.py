@@ -31,8 +31,8 @@ def _job(node: Path, store: Path, mode: str, *flags: str) -> dict:
 
 @pytest.fixture(scope="session", params=["precompile", "plain"])
 def nodes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The jobs above, with the default (each region group precompiled: a hit traces nothing)
-    and with ``precompile=False`` (FX-graph and AOTAutograd entries: Dynamo traces, then every
+    """The jobs above, with ``precompile=True`` (each region group precompiled: a hit traces
+    nothing) and with ``precompile=False`` (FX-graph and AOTAutograd entries: Dynamo traces, then every
     graph hits), each on its own nodes and stores."""
     flags = ("--plain",) if request.param == "plain" else ()
     tmp = tmp_path_factory.mktemp(f"fresh_nodes_{request.param}")
@@ -167,11 +167,13 @@ def edited(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dic
     cache dirs of its own), then a fresh node with the last edit."""
     tmp = tmp_path_factory.mktemp("edited")
     store = tmp / "store"
+    # precompile on (off by default): the last test below checks how its entries generations go
     jobs = run_child("_use_child.py", build_machine, "edits", str(store), str(EDITS),
-                     own=tmp / "node")["jobs"]
+                     own=tmp / "node", COMPILE_CACHE_PRECOMPILE="1")["jobs"]
     before = Store(store).entries()[0].packs
     selection = generations.select(before)
-    fresh = run_child("_use_child.py", tmp / "fresh", "last", str(store), str(EDITS))
+    fresh = run_child("_use_child.py", tmp / "fresh", "last", str(store), str(EDITS),
+                      COMPILE_CACHE_PRECOMPILE="1")
     compacted = Store(store).compact()
     drop_precompiled_headers(tmp)
     return {"jobs": jobs, "packs_before": len(before), "selection": selection,

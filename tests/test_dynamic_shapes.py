@@ -337,7 +337,8 @@ def _node(root: Path, store: Path, length: int | str, *args: str) -> dict:
     """One process on the node ``root`` (its own TMPDIR, HOME, XDG_CACHE_HOME, local cache dirs)."""
     from conftest import fresh_node_env
 
-    env = fresh_node_env(root)
+    # precompile on (off by default): the store holds the groups' precompiled entries
+    env = fresh_node_env(root, COMPILE_CACHE_PRECOMPILE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(CHILD), str(store), str(length), *args], env=env,
                           capture_output=True, text=True, timeout=1200, check=False)

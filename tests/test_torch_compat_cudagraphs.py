@@ -50,13 +50,14 @@ def test_the_decision_follows_torchs_mode_table_and_global_setting() -> None:
 def test_a_reduce_overhead_group_on_a_gpu_declines_precompile_with_the_warning_and_counter(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dynamo_reset: None) -> None:
     """The group's tensors stand in for CUDA ones (the devices its decision reads): installed
-    with precompile on by default, it compiles without it, warned at the user's line, counted in
+    with precompile asked for, it compiles without it, warned at the user's line, counted in
     the report and in the store's stats. Nothing compiles here (no forward)."""
     monkeypatch.setattr(precompiled, "region_devices", lambda module: ["cuda"])
     model = compile_cache.demo.TinyTransformer(layers=2, width=16, heads=2, vocab=32).eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compile_cache.compile_regions(model, cache_dir=tmp_path / "store", mode="reduce-overhead")
+        compile_cache.compile_regions(model, cache_dir=tmp_path / "store", mode="reduce-overhead",
+                                      precompile=True)
     ours = [w for w in caught if issubclass(w.category, compile_cache.RegionPrecompileWarning)]
     assert len(ours) == 1 and "CUDA graphs" in str(ours[0].message)
     assert "precompile is off" in str(ours[0].message) and ours[0].filename == __file__
@@ -70,7 +71,8 @@ def test_a_cpu_reduce_overhead_group_keeps_precompile(tmp_path: Path, dynamo_res
     model = compile_cache.demo.TinyTransformer(layers=2, width=16, heads=2, vocab=32).eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compile_cache.compile_regions(model, cache_dir=tmp_path / "store", mode="reduce-overhead")
+        compile_cache.compile_regions(model, cache_dir=tmp_path / "store", mode="reduce-overhead",
+                                      precompile=True)
     assert not [w for w in caught if "CUDA graphs" in str(w.message)]
     report = compile_cache.last_report()
     assert report is not None and report.precompile_declined == 0

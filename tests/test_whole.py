@@ -29,12 +29,13 @@ from compile_cache.keys import key_fields
 def nodes(tmp_path_factory: pytest.TempPathFactory, build_machine: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("whole")
     store = str(root / "store")
-    # precompile as by default: whole GPT-2's forward is precompiled (the function
-    # create_causal_mask's decorator wraps is pinned by identity) and loads on the fresh node;
-    # its training step graph-breaks (transformers' logger.warning_once), so that call declines
-    # in its first frame, on both nodes, and compiles without precompile.
-    publish = run_child("_whole_child.py", build_machine, store, "publish")
-    load = run_child("_whole_child.py", root / "fresh", store, "load")
+    # precompile asked for (it is off by default): whole GPT-2's forward is precompiled (the
+    # function create_causal_mask's decorator wraps is pinned by identity) and loads on the fresh
+    # node; its training step graph-breaks (transformers' logger.warning_once), so that call
+    # declines in its first frame, on both nodes, and compiles without precompile.
+    publish = run_child("_whole_child.py", build_machine, store, "publish",
+                        COMPILE_CACHE_PRECOMPILE="1")
+    load = run_child("_whole_child.py", root / "fresh", store, "load", COMPILE_CACHE_PRECOMPILE="1")
     return {"publish": publish, "load": load}
 
 
@@ -53,7 +54,7 @@ def test_gpt2_whole_and_function_hit_on_a_fresh_node(nodes: dict[str, Any]) -> N
     assert load["model_fx_misses"] == 0 and load["model_fx_hits"] > 0
     assert load["fn_fx_misses"] == 0 and load["fn_fx_hits"] == 1
     assert load["published_packs"] == [0, 0]  # nothing new to publish
-    # precompile was asked for (the default): the forward's entry is saved by the publisher and
+    # precompile was asked for: the forward's entry is saved by the publisher and
     # loaded by the fresh node, which traces nothing for it; the training step's graph break
     # declines in its first frame on both (not remembered for the entry), no graph missed for it
     assert pub["forward_frames"] == 1 and pub["entry_loads"] == 0
