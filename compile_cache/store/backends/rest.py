@@ -182,32 +182,85 @@ class NameLookupError(socket.gaierror):
     """The endpoint's host name has no address, or its lookup took longer than a request may."""
 
 
+class _Lookup:
+    """One name lookup asked of the :class:`_Resolver`: its answer or error, once ``done``."""
+
+    __slots__ = ("abandoned", "answer", "done", "error", "host", "port")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.answer: list[Any] = []
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+
+class _Resolver:
+    """One daemon thread per process that looks host names up, one after the other: a lookup
+    cannot be interrupted, so the request that asked waits for it at most its deadline, and
+    goes on without it. One thread, started with the first lookup, not one per connection (see
+    :class:`_Watchdog`); a lookup that hangs holds up the ones behind it, each of which ends at
+    its own deadline (a resolver that does not answer one name rarely answers the next)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Lookup] = []
+        self._thread: threading.Thread | None = None
+
+    def lookup(self, host: str, port: int, seconds: float) -> list[Any]:
+        """``getaddrinfo(host, port)`` for a TCP connection, waited for at most ``seconds``."""
+        asked = _Lookup(host, port)
+        with self._cond:
+            self._queue.append(asked)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="compile-cache-lookup", daemon=True)
+                self._thread.start()
+            else:
+                self._cond.notify()
+        if not asked.done.wait(seconds):
+            asked.abandoned = True
+            raise NameLookupError(socket.EAI_AGAIN, f"{host}: no address within {seconds:g} s")
+        if asked.error is not None:
+            raise NameLookupError(socket.EAI_NONAME, f"{host}: the name does not resolve ({asked.error})")
+        return asked.answer
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                asked = self._queue.pop(0)
+            if asked.abandoned:
+                continue
+            try:
+                asked.answer = socket.getaddrinfo(asked.host, asked.port, 0, socket.SOCK_STREAM)
+            except (OSError, UnicodeError) as exc:
+                asked.error = exc
+            asked.done.set()
+
+
+_resolver_of: tuple[int, _Resolver] | None = None
+
+
 def _lookup(host: str, port: int, seconds: float) -> list[Any]:
-    """``getaddrinfo`` of ``host``, waited for at most ``seconds``: a resolver that does not
-    answer (a closed network) must not hold a request past its deadline, and the socket's
-    timeout does not cover the lookup. An address needs no lookup and no thread."""
+    """``getaddrinfo`` of ``host``, waited for at most ``seconds`` (this process's
+    :class:`_Resolver`): a resolver that does not answer (a closed network) must not hold a
+    request past its deadline, and a socket's timeout does not cover the lookup. An address
+    needs no lookup."""
+    global _resolver_of
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             socket.inet_pton(family, host)
-            return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
         except OSError:
-            pass
-    box: list[Any] = []
-    done = threading.Event()
-
-    def resolve() -> None:
-        try:
-            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-        except (OSError, UnicodeError) as exc:
-            box.append(exc)
-        done.set()
-
-    threading.Thread(target=resolve, name="compile-cache-lookup", daemon=True).start()
-    if not done.wait(seconds):
-        raise NameLookupError(socket.EAI_AGAIN, f"{host}: no address within {seconds:g} s")
-    if isinstance(box[0], BaseException):
-        raise NameLookupError(socket.EAI_NONAME, f"{host}: the name does not resolve ({box[0]})")
-    return box[0]  # type: ignore[no-any-return]
+            continue
+        return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    current = _resolver_of
+    if current is None or current[0] != os.getpid():
+        with _watchdog_lock:
+            if _resolver_of is None or _resolver_of[0] != os.getpid():
+                _resolver_of = (os.getpid(), _Resolver())
+            current = _resolver_of
+    return current[1].lookup(host, port, seconds)
 
 
 def _connect(address: tuple[str, int], timeout: float, source_address: Any = None) -> socket.socket:
