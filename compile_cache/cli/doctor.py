@@ -80,6 +80,7 @@ class _RemoteProbe:
             return
         self.url = str(text).strip()
         self._cache_dir = cache_dir
+        self._opened = threading.Event()
         self._done = threading.Event()
         threading.Thread(target=self._run, name="compile-cache-doctor-probe", daemon=True).start()
 
@@ -88,14 +89,20 @@ class _RemoteProbe:
         from ..store.remote import remote_location
 
         try:
-            self.tier, _, self.source = remote_location(self._cache_dir)
+            self.tier, _, self.source = remote_location(self._cache_dir)  # its local tier made
+            self._opened.set()
             self.diagnosis = diagnose(self.tier.backend, self.tier.layout.stats_dir, PROBE_S)
         except CompileCacheError as exc:  # a URL without fsspec or its protocol package
             self.error = str(exc)
         except Exception as exc:  # whatever a protocol package raises: a line, not a traceback
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
+            self._opened.set()
             self._done.set()
+
+    def opened(self) -> None:
+        """Until the store is open and its local tier made (its package imported), or failed."""
+        self._opened.wait(PROBE_S + 30.0)
 
     def wait(self) -> None:
         """Until the probe is done (:data:`PROBE_S` and a margin at most: its own deadlines end it)."""
@@ -162,9 +169,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..store.safety import describe_dir, resolve_location
 
     remote: dict[str, Any] | None = None
-    if probe.url is not None:
-        probe.wait()
-        remote = probe.info()
+    if probe.url is not None:  # its listing is waited for last: it overlaps what comes first
+        probe.opened()
         root, source = probe.local_tier(), probe.source or ("argument" if args.cache_dir else "COMPILE_CACHE_DIR")
     else:
         root, source = resolve_location(args.cache_dir)
@@ -174,7 +180,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "XDG_CACHE_HOME": "$XDG_CACHE_HOME/compile_cache",
         "default": "default (~/.cache/compile_cache)",
     }.get(source, source)
-    problems: list[str] = [remote["problem"]] if remote and remote["problem"] else []
+    problems: list[str] = []
     try:
         shared = bool(config.SHARED.value())
     except ConfigError as exc:
@@ -191,30 +197,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     perms, safe = describe_dir(root, shared) if exists else ("does not exist yet (created on first use)", True)
     if not safe:
         problems.append(f"store permissions: {perms}")
-    store_state: dict[str, Any] = {}
-    if exists and not (remote and remote["error"]):  # an unreachable URL is asked nothing more
-        try:
-            store = Store(probe.url if remote else root)
-            st = store.stats()
-            store_state = {
-                "read_only": store.read_only, "read_only_reason": store.read_only_reason,
-                "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
-                "recent_misses": [
-                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
-                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
-                ],
-                "signed": store.signing_key is not None, "signer": store.signer,
-                "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
-                "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
-            }
-        except CompileCacheError as exc:
-            problems.append(f"store unusable: {exc}")
-    elif not problems:
-        parent = root.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not os.access(parent, os.W_OK | os.X_OK):
-            problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
+    store_problems = bool(problems)  # the location's own (the writability check below needs none)
 
     from ..local_dirs import check_local_dirs
     from ..torch_compat import capabilities
@@ -242,6 +225,36 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                           "source": "environment" if value is not None else "default",
                           "default": "torch's", "allowed": "a directory path", "meaning": meaning,
                           "error": None})
+
+    if probe.url is not None:
+        probe.wait()
+        remote = probe.info()
+        if remote["problem"]:
+            problems.insert(0, remote["problem"])
+    store_state: dict[str, Any] = {}
+    if exists and not (remote and remote["error"]):  # an unreachable URL is asked nothing more
+        try:
+            store = Store(probe.url if remote else root)
+            st = store.stats()
+            store_state = {
+                "read_only": store.read_only, "read_only_reason": store.read_only_reason,
+                "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
+                "recent_misses": [
+                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
+                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
+                ],
+                "signed": store.signing_key is not None, "signer": store.signer,
+                "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
+                "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
+            }
+        except CompileCacheError as exc:
+            problems.append(f"store unusable: {exc}")
+    elif not store_problems and not (remote and remote["problem"]):
+        parent = root.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not os.access(parent, os.W_OK | os.X_OK):
+            problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
 
     not_carried = _not_carried()
     precompile = _precompile_info()

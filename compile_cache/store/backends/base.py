@@ -189,10 +189,10 @@ class RetryingBackend:
 
     Before the endpoint has answered once (any HTTP status) in this process, a try that finds
     it out of reach (:func:`out_of_reach`: no such name, refused, no answer in time, a client
-    that cannot start) is not tried again: a store that is misconfigured or out of reach costs a job's start one
-    ``COMPILE_CACHE_REMOTE_FIRST_TIMEOUT`` (:meth:`limit`), not (1 + retries) timeouts and their
-    backoff. Once it has answered, a fault is retried as configured (a store that works has
-    passing faults)."""
+    that cannot start) is not tried again: a store that is misconfigured or out of reach costs
+    a job's start one ``COMPILE_CACHE_REMOTE_FIRST_TIMEOUT`` (:meth:`limit`), not (1 + retries)
+    timeouts and their backoff. Once it has answered, a fault is retried as configured (a store
+    that works has passing faults)."""
 
     client = "?"
     why = ""
