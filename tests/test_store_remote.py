@@ -137,7 +137,7 @@ def test_the_secret_is_never_logged_stored_or_shown(published: dict, s3: S3Serve
         outputs[args[0]] = json.loads(done.stdout)
     report = outputs["doctor"]
     assert report["store"]["location"] == published["url"] and report["store"]["entries"] == 1
-    assert report["store"]["remote"]["credentials"].startswith("environment")
+    assert "AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY" in report["store"]["remote"]["credentials_found"]
     assert report["store"]["remote"]["client"].startswith("small S3 client")
 
 
@@ -271,7 +271,8 @@ def test_a_job_on_a_store_it_cannot_use_starts_within_seconds_with_a_counted_mis
         scheme: str, black_hole: Any, tmp_path: Path) -> None:
     """issue 57: a job whose store has no credentials, a name that does not resolve, or a port
     that never answers has its first output within 15 s of compile_regions, equal to eager's;
-    the miss is counted in its local tier (under the node's cache dir) and warned about once."""
+    the miss is counted in its local tier (under the node's cache dir) and warned about once;
+    nothing reaches stderr (the fallback packages' loggers are quiet)."""
     from _object_emulators import MISCONFIGURED, misconfigured
     from conftest import fresh_node_env
 
@@ -283,7 +284,7 @@ def test_a_job_on_a_store_it_cannot_use_starts_within_seconds_with_a_counted_mis
     done = subprocess.run([sys.executable, str(HERE / "_remote_fault_child.py"), json.dumps(cases)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    assert done.stderr.strip() == "", done.stderr[-4000:]  # no traceback, no package's log line
     for result in json.loads(done.stdout.strip().splitlines()[-1]):
         assert result["seconds"] < 15 and result["equal"], result
         assert result["restored_packs"] == 0 and result["miss_reason"], result

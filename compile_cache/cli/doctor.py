@@ -153,7 +153,7 @@ def _endpoint_text(remote: dict[str, Any]) -> str:
         return f"{where}: did not answer: {remote['fault']}"
     if remote.get("answered"):
         return f"{where}: answered {remote['fault']} (a listing refused)"
-    return f"{where}: not asked ({remote['fault']})"
+    return f"{where}: not asked (no request went out: see object storage)"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
