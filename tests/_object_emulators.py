@@ -176,9 +176,11 @@ def misconfigured(scheme: str, case: str, hole: BlackHole, env: dict[str, str]) 
     """(a store URL, ``env`` with the cloud variables a user would have set) for a store on
     ``scheme`` (s3, gs, az) that is misconfigured as ``case`` (:data:`MISCONFIGURED`). Every
     address is 127.0.0.1 or a name under ``.invalid`` (RFC 6761: it never resolves): nothing
-    leaves the machine. ``no-credentials`` keeps the clients off the network where they would
-    look further (the instance metadata services) and points the one request that a client
-    without credentials still makes (gcsfs, anonymously) at the black hole."""
+    leaves the machine (but for google-auth's lookup of ``metadata.google.internal``, a name
+    only Google's machines resolve). ``no-credentials`` keeps the clients off the instance
+    metadata services where it can, and points the requests a client without credentials still
+    makes (gcsfs, anonymously; google-auth's probe of the metadata server's address) at the
+    black hole."""
     env = {k: v for k, v in env.items() if not k.startswith(_CLOUD_PREFIXES)}
     env.update(AWS_EC2_METADATA_DISABLED="true", NO_GCE_CHECK="True")
     url = f"{scheme}://bucket-x/cc-{case}"
@@ -188,8 +190,8 @@ def misconfigured(scheme: str, case: str, hole: BlackHole, env: dict[str, str]) 
     if case == "no-credentials":
         if scheme == "s3":
             env.update(AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=hole.endpoint)
-        elif scheme == "gs":
-            env["FSSPEC_GCS_ENDPOINT_URL"] = hole.endpoint
+        elif scheme == "gs":  # google-auth's probe of the metadata server's address, too
+            env.update(FSSPEC_GCS_ENDPOINT_URL=hole.endpoint, GCE_METADATA_IP=hole.endpoint.split("//", 1)[1])
         return url, env
     if scheme == "s3":
         env.update(AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="cc-SECRET-not-a-real-key",
