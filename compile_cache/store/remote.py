@@ -54,7 +54,7 @@ from typing import IO, Any
 
 from .. import config, publisher
 from .._paths import temp_path
-from ..errors import CorruptPackError, StoreError, UnsafeStoreError
+from ..errors import ConfigError, CorruptPackError, StoreError, UnsafeStoreError
 from . import compression, maintenance
 from ._io import MAX_JSON_BYTES, json_bytes, json_object, make_private_dirs, parse_json, warn_once
 from .backends import RemoteError, TooLargeError, is_url, open_backend, redact
@@ -279,8 +279,12 @@ class RemoteTier:
         #: Whether this process made the local tier just now (then it is empty: its size is
         #: known, 0, without the walk a tier of unknown size gets at its first cap check).
         self.made_local = False
+        try:
+            group = bool(config.SHARED.value())
+        except ConfigError:  # the store that opens this tier names the bad value
+            group = False
         try:  # private, like every store directory, and reached without following a link
-            self.made_local = make_private_dirs(base, parts, bool(config.SHARED.value()))
+            self.made_local = make_private_dirs(base, parts, group)
         except UnsafeStoreError:
             raise
         except OSError:  # not makeable: the store finds out and says why
