@@ -92,11 +92,17 @@ def _timeout(cause: BaseException) -> bool:
         "ConnectTimeout", "ReadTimeout")
 
 
+#: A protocol package's "no credentials anywhere" errors (botocore, google-auth): no retry finds any.
+_NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError"})
+
+
 def out_of_reach(exc: BaseException) -> bool:
     """Whether a failed try says the endpoint is out of reach rather than passing trouble: no
-    such name, nothing listening, no answer in time, or a client that cannot start."""
+    such name, nothing listening, no answer in time, a client that cannot start or that has
+    no credentials."""
     return isinstance(exc, ClientStartError) or any(
-        isinstance(c, (socket.gaierror, ConnectionRefusedError)) or _timeout(c) for c in _causes(exc))
+        isinstance(c, (socket.gaierror, ConnectionRefusedError)) or _timeout(c)
+        or type(c).__name__ in _NO_CREDENTIALS for c in _causes(exc))
 
 
 def describe_fault(exc: BaseException, seconds: float) -> tuple[bool | None, str]:
