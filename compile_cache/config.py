@@ -44,6 +44,7 @@ __all__ = [
     "PREFETCH_HEADER",
     "READ_ONLY",
     "REMOTE_RETRIES",
+    "REMOTE_FIRST_TIMEOUT",
     "REMOTE_TIMEOUT",
     "REMOTE_CLIENT",
     "S3_CLIENT",
@@ -332,6 +333,13 @@ REMOTE_RETRIES = _register(Variable(
 REMOTE_TIMEOUT = _register(Variable(
     "COMPILE_CACHE_REMOTE_TIMEOUT", "seconds", 10.0,
     "seconds an object-storage request may take to connect or to answer",
+    "a positive number of seconds", _seconds,
+))
+REMOTE_FIRST_TIMEOUT = _register(Variable(
+    "COMPILE_CACHE_REMOTE_FIRST_TIMEOUT", "seconds", 5.0,
+    "seconds a process's first object-storage request may take to get an answer (the client's "
+    "start and credential lookup included; at most COMPILE_CACHE_REMOTE_TIMEOUT): a store that "
+    "does not answer in time is a miss, not retried, and a job compiles without it",
     "a positive number of seconds", _seconds,
 ))
 PACK_COMPRESSION = _register(Variable(

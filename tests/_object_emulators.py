@@ -132,3 +132,74 @@ class AzuriteServer(_Server):
             client.create_container(name)
         except ResourceExistsError:
             pass
+
+
+class BlackHole:
+    """A port on 127.0.0.1 that accepts every connection and never answers (a firewall that
+    swallows requests, a server that hangs): what a client's deadline must end. Its thread holds
+    what it accepted until :meth:`close`."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, name="black-hole", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+#: The ways a store on object storage is misconfigured that doctor and a job must survive.
+MISCONFIGURED = ("no-credentials", "unresolvable", "black-hole")
+#: The variables of the cloud clients a test's child must not inherit.
+_CLOUD_PREFIXES = ("AWS_", "GOOGLE_", "GCE_", "GCLOUD", "CLOUDSDK_", "AZURE_", "STORAGE_EMULATOR_HOST",
+                   "FSSPEC_", "GCSFS_", "NO_GCE_CHECK")
+
+
+def misconfigured(scheme: str, case: str, hole: BlackHole, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """(a store URL, ``env`` with the cloud variables a user would have set) for a store on
+    ``scheme`` (s3, gs, az) that is misconfigured as ``case`` (:data:`MISCONFIGURED`). Every
+    address is 127.0.0.1 or a name under ``.invalid`` (RFC 6761: it never resolves): nothing
+    leaves the machine (but for google-auth's lookup of ``metadata.google.internal``, a name
+    only Google's machines resolve). ``no-credentials`` keeps the clients off the instance
+    metadata services where it can, and points the requests a client without credentials still
+    makes (gcsfs, anonymously; google-auth's probe of the metadata server's address) at the
+    black hole."""
+    env = {k: v for k, v in env.items() if not k.startswith(_CLOUD_PREFIXES)}
+    env.update(AWS_EC2_METADATA_DISABLED="true", NO_GCE_CHECK="True")
+    url = f"{scheme}://bucket-x/cc-{case}"
+    nowhere = {"s3": "http://s3.bucket-x.invalid:9000", "gs": "http://storage.bucket-x.invalid:4443",
+               "az": "http://blob.bucket-x.invalid:10000"}[scheme]
+    endpoint = hole.endpoint if case == "black-hole" else nowhere
+    if case == "no-credentials":
+        if scheme == "s3":
+            env.update(AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=hole.endpoint)
+        elif scheme == "gs":  # google-auth's probe of the metadata server's address, too
+            env.update(FSSPEC_GCS_ENDPOINT_URL=hole.endpoint, GCE_METADATA_IP=hole.endpoint.split("//", 1)[1])
+        return url, env
+    if scheme == "s3":
+        env.update(AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="cc-SECRET-not-a-real-key",
+                   AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint)
+    elif scheme == "gs":
+        env["STORAGE_EMULATOR_HOST"] = endpoint
+    else:
+        env["AZURE_STORAGE_CONNECTION_STRING"] = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};")
+    return url, env

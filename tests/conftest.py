@@ -314,3 +314,14 @@ def store_copy(warmed: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
     copy = tmp_path / "store"
     shutil.copytree(warmed[0], copy)
     return copy
+
+
+@pytest.fixture(scope="session")
+def black_hole() -> Iterator[Any]:
+    """A port on 127.0.0.1 that accepts connections and never answers
+    (:class:`_object_emulators.BlackHole`)."""
+    from _object_emulators import BlackHole
+
+    hole = BlackHole()
+    yield hole
+    hole.close()

@@ -41,6 +41,7 @@ CASES: dict[str, tuple[str, object, str]] = {
     "COMPILE_CACHE_LOCAL_TIER": ("/scratch/tier", "/scratch/tier", ""),
     "COMPILE_CACHE_REMOTE_RETRIES": ("3", 3, "many"),
     "COMPILE_CACHE_REMOTE_TIMEOUT": ("2.5", 2.5, "-1"),
+    "COMPILE_CACHE_REMOTE_FIRST_TIMEOUT": ("1.5", 1.5, "0"),
     "COMPILE_CACHE_S3_CLIENT": ("S3FS", "s3fs", "boto3"),
     "COMPILE_CACHE_REMOTE_CLIENT": ("FSSPEC", "fsspec", "obstore"),
     "COMPILE_CACHE_PACK_COMPRESSION": ("9", 9, "20"),

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _s3_server import SECRET, S3Server, make_bucket
@@ -136,7 +137,7 @@ def test_the_secret_is_never_logged_stored_or_shown(published: dict, s3: S3Serve
         outputs[args[0]] = json.loads(done.stdout)
     report = outputs["doctor"]
     assert report["store"]["location"] == published["url"] and report["store"]["entries"] == 1
-    assert report["store"]["remote"]["credentials"].startswith("environment")
+    assert "AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY" in report["store"]["remote"]["credentials_found"]
     assert report["store"]["remote"]["client"].startswith("small S3 client")
 
 
@@ -263,6 +264,68 @@ def test_an_unreachable_store_is_a_miss_with_one_warning(tmp_path: Path, monkeyp
     assert len(messages) == 1 and "treated as a miss" in messages[0], messages
     assert SECRET not in messages[0]
     assert info is not None and Store(store.root).stats()["remote_errors"] >= 1
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_a_job_on_a_store_it_cannot_use_starts_within_seconds_with_a_counted_miss(
+        scheme: str, black_hole: Any, tmp_path: Path) -> None:
+    """issue 57: a job whose store has no credentials, a name that does not resolve, or a port
+    that never answers has its first output within 15 s of compile_regions, equal to eager's;
+    the miss is counted in its local tier (under the node's cache dir) and warned about once;
+    nothing reaches stderr (the fallback packages' loggers are quiet)."""
+    from _object_emulators import MISCONFIGURED, misconfigured
+    from conftest import fresh_node_env
+
+    env = fresh_node_env(tmp_path / "node")
+    cases = []
+    for case in MISCONFIGURED:
+        url, with_cloud = misconfigured(scheme, case, black_hole, env)
+        cases.append({"url": url, "env": {k: v for k, v in with_cloud.items() if env.get(k) != v}})
+    done = subprocess.run([sys.executable, str(HERE / "_remote_fault_child.py"), json.dumps(cases)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stderr.strip() == "", done.stderr[-4000:]  # no traceback, no package's log line
+    for result in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert result["seconds"] < 15 and result["equal"], result
+        assert result["restored_packs"] == 0 and result["miss_reason"], result
+        assert result["local_tier"]["misses"] >= 1 and result["local_tier"]["remote_errors"] >= 1, result
+        ours = [w for w in result["warnings"] if result["url"] in w]
+        assert len(ours) == 1 and "treated as a miss" in ours[0], result["warnings"]
+
+
+def test_the_local_tier_is_private_under_the_users_cache_dir(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 57: a store on object storage keeps its local tier under the user's cache dir
+    (XDG_CACHE_HOME, else ~/.cache), by scheme and bucket, each directory made 0700, never in
+    a shared temporary directory; a symlink on the way is refused, not followed; the
+    COMPILE_CACHE_LOCAL_TIER override still decides where it goes."""
+    import stat
+
+    from compile_cache.errors import UnsafeStoreError
+    from compile_cache.store.remote import local_tier_dir
+
+    for name in list(os.environ):
+        if name.startswith("COMPILE_CACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    store = Store("memory://container-x/cc")
+    remote = tmp_path / "xdg" / "compile_cache" / "remote"
+    assert store.root == local_tier_dir("memory://container-x/cc")
+    assert store.root.parent == remote / "memory" / "container-x" and len(store.root.name) == 16
+    for made in (remote, remote / "memory", remote / "memory" / "container-x", store.root):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    assert not any(p.name.startswith(("memory:", "az:")) for p in tmp_path.iterdir())
+    assert Store("memory://container-x/other").root.parent == store.root.parent  # one tier per URL
+    assert Store("memory://container-x/other").root != store.root
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (remote / "memory" / "planted").symlink_to(elsewhere)
+    with pytest.raises(UnsafeStoreError, match="symlink"):
+        Store("memory://planted/cc")
+    assert list(elsewhere.iterdir()) == []
+    monkeypatch.setenv("COMPILE_CACHE_LOCAL_TIER", str(tmp_path / "chosen"))
+    assert Store("memory://container-x/cc").root.parent == tmp_path / "chosen"
 
 
 def test_last_use_is_one_object_per_use_and_prune_compacts(s3_url: str, tmp_path: Path,

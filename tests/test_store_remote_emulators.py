@@ -240,8 +240,8 @@ def test_doctor_names_the_client_and_why(emulated: str, capsys: pytest.CaptureFi
     scheme = emulated[:2]
     assert remote["error"] is None and remote["client"].startswith(CLIENTS[scheme])
     assert f"no {FALLBACK[scheme]}" in remote["client_why"]
-    wanted = {"gs": "STORAGE_EMULATOR_HOST", "az": "environment (AZURE_STORAGE_CONNECTION_STRING)"}
-    assert wanted[scheme] in remote["credentials"]
+    wanted = {"gs": "STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_CONNECTION_STRING"}
+    assert wanted[scheme] in remote["credentials_found"] and remote["answered"] is True
     assert AZURITE_KEY not in out + err
     assert json.loads(out)["store"]["entries"] == 1
 

@@ -15,6 +15,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _s3_server import SECRET, S3Server, make_bucket
@@ -281,6 +282,65 @@ def test_a_403_is_not_retried_and_a_job_goes_on(failing: type[_Always]) -> None:
     assert len(messages) == 1 and "403 AccessDenied" in messages[0] and "treated as a miss" in messages[0]
     assert len(failing.seen) == len(set(failing.seen))  # no request sent twice: no retry
     assert S3Error(400, "RequestTimeout", "x").retryable and not S3Error(400, "InvalidArgument", "x").retryable
+
+
+def test_a_5xx_before_any_answer_is_still_retried(failing: type[_Always]) -> None:
+    """A store that answers, even with an error, is in reach: the first-try rule (issue 57)
+    leaves its faults the retries they always had."""
+    with pytest.raises(RemoteError, match="after 3 tries: S3Error: HTTP 503") as caught:
+        open_backend("s3://bkt/cache").list("")
+    assert len(failing.seen) == 3 and caught.value.answered is True
+
+
+def test_a_store_out_of_reach_costs_one_first_timeout_then_fails_at_once(
+        clean_env: Path, monkeypatch: pytest.MonkeyPatch, black_hole: Any) -> None:
+    """issue 57: a port that accepts and never answers costs the first request
+    COMPILE_CACHE_REMOTE_FIRST_TIMEOUT, not (1 + retries) x COMPILE_CACHE_REMOTE_TIMEOUT; it
+    is not retried (the store never answered), and the next call fails at once."""
+    import time
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", black_hole.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_RETRIES", "2")
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_FIRST_TIMEOUT", "1")
+    backend = open_backend("s3://bkt/cache")
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="not retried") as caught:
+        backend.list("")
+    assert time.monotonic() - start < 4
+    assert caught.value.answered is False and caught.value.fault == "no answer within 1 s"
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="unreachable"):
+        backend.get("x", 10)
+    assert time.monotonic() - start < 0.5
+
+
+def test_a_name_lookup_that_hangs_ends_at_the_requests_deadline(
+        clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 57: a resolver that does not answer (a closed network) holds no request past its
+    deadline (a socket's timeout does not cover the lookup); the fault says so."""
+    import socket
+    import time
+
+    real = socket.getaddrinfo
+
+    def hanging(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(host).endswith(".invalid"):
+            time.sleep(8)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://s3.lookup-hangs.invalid:9000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("COMPILE_CACHE_REMOTE_FIRST_TIMEOUT", "1")
+    start = time.monotonic()
+    with pytest.raises(RemoteError) as caught:
+        open_backend("s3://bkt/cache").list("")
+    assert time.monotonic() - start < 4
+    assert caught.value.answered is False and caught.value.fault == "its host name does not resolve"
+    assert "s3.lookup-hangs.invalid: no address within 1 s" in str(caught.value)
 
 
 def test_a_409_on_a_conditional_put_means_another_node_wrote_it(failing: type[_Always]) -> None:

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import threading
 from typing import Any
 
 from .. import config
@@ -53,49 +54,111 @@ def _backend_info() -> dict[str, Any]:
     return info
 
 
-def _remote_info(tier: Any) -> dict[str, Any]:
-    """What doctor says of a store on object storage: its URL (no credentials), whether a
-    listing works, and where its credentials come from (a source, never a value)."""
-    from ..store.backends import redact
+#: Seconds doctor waits for a store on object storage to answer its one listing: doctor is
+#: what a user runs because something is wrong, and must answer in seconds (issue 57).
+PROBE_S = 5.0
 
-    error = None
-    try:
-        tier.backend.list(tier.layout.stats_dir)
-    except CompileCacheError as exc:
-        error = str(exc)
-    protocol = tier.url.split("://", 1)[0].lower()
-    if protocol in ("s3", "s3a"):
-        if os.environ.get("AWS_ACCESS_KEY_ID"):
-            creds = "environment (AWS_ACCESS_KEY_ID)"
-        elif os.environ.get("AWS_PROFILE"):
-            creds = f"profile {os.environ['AWS_PROFILE']!r}"
+
+class _RemoteProbe:
+    """A store URL's client, credential sources and one listing (``diagnose``), found on a
+    thread of its own while doctor imports torch and looks at the rest: a store that does not
+    answer costs doctor :data:`PROBE_S` at most, not that plus torch's import."""
+
+    def __init__(self, cache_dir: str | None) -> None:
+        from ..store.backends import is_url
+
+        self.url: str | None = None
+        self.tier: Any = None
+        self.source: str | None = None
+        self.error: str | None = None  # the store could not be opened (a missing package)
+        self.diagnosis: Any = None
+        try:
+            text = cache_dir if cache_dir is not None else config.DIR.value()
+        except ConfigError:  # listed with the other bad variables
+            return
+        if not is_url(text):
+            return
+        self.url = str(text).strip()
+        self._cache_dir = cache_dir
+        self._opened = threading.Event()
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="compile-cache-doctor-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        from ..store.backends import diagnose
+        from ..store.remote import remote_location
+
+        try:
+            self.tier, _, self.source = remote_location(self._cache_dir)  # its local tier made
+            self._opened.set()
+            self.diagnosis = diagnose(self.tier.backend, self.tier.layout.stats_dir, PROBE_S)
+        except CompileCacheError as exc:  # a URL without fsspec or its protocol package
+            self.error = str(exc)
+        except Exception as exc:  # whatever a protocol package raises: a line, not a traceback
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._opened.set()
+            self._done.set()
+
+    def opened(self) -> None:
+        """Until the store is open and its local tier made (its package imported), or failed."""
+        self._opened.wait(PROBE_S + 30.0)
+
+    def wait(self) -> None:
+        """Until the probe is done (:data:`PROBE_S` and a margin at most: its own deadlines end it)."""
+        if self.url is not None and not self._done.wait(PROBE_S + 10.0):
+            self.error = f"no answer within {PROBE_S + 10.0:g} s"
+
+    def local_tier(self) -> Any:
+        from ..store.remote import local_tier_dir
+
+        return self.tier.local_root if self.tier is not None else local_tier_dir(self.url or "")
+
+    def info(self) -> dict[str, Any]:
+        """What doctor shows and lists (see :func:`~compile_cache.store.backends.diagnose`)."""
+        from ..store.backends import credential_sources, redact
+
+        url = redact(self.url)
+        d = self.diagnosis
+        if d is None:
+            sources = credential_sources(self.url or "")
+            problem = f"object storage {url} unusable: {self.error}"
+            return {"url": url, "error": self.error, "client": None, "client_why": "",
+                    "credentials_looked_at": [n for n, _ in sources],
+                    "credentials_found": [n for n, there in sources if there],
+                    "credentials": ", ".join(n for n, there in sources if there) or "none found",
+                    "endpoint": None, "answered": None, "fault": self.error, "problem": problem}
+        if d.error is None:
+            problem = None
+        elif d.answered is False:
+            problem = f"object storage {url}: {d.endpoint} did not answer: {d.fault}"
+        elif d.answered:
+            problem = f"object storage {url}: {d.endpoint} answered {d.fault} to a listing"
         else:
-            creds = "the default chain (~/.aws, instance or pod role)"
-        if os.environ.get("AWS_ENDPOINT_URL"):
-            creds += f"; endpoint {redact(os.environ['AWS_ENDPOINT_URL'])}"
-    elif protocol in ("gs", "gcs"):
-        if os.environ.get("GOOGLE_OAUTH_ACCESS_TOKEN"):
-            creds = "environment (GOOGLE_OAUTH_ACCESS_TOKEN)"
-        elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-            creds = "GOOGLE_APPLICATION_CREDENTIALS (a key file)"
-        else:
-            creds = "the metadata server, else gcsfs's chain (fsspec config token, gcloud's)"
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            creds += f"; endpoint {redact(os.environ['STORAGE_EMULATOR_HOST'])} (STORAGE_EMULATOR_HOST)"
-    elif protocol in ("az", "abfs", "abfss"):
-        found = [n for n in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY",
-                             "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
-                 if os.environ.get(n)]
-        creds = (f"environment ({found[0]})" if found
-                 else "adlfs's chain (fsspec config, DefaultAzureCredential)")
-    else:
-        creds = f"the {protocol} backend's usual chain"
-    return {"url": tier.display, "error": error, "credentials": creds, "client": tier.backend.client,
-            "client_why": getattr(tier.backend, "why", "")}
+            problem = f"object storage {url}: {d.fault}"
+        if problem is not None:
+            problem += f" (client: {d.client}; credentials found: {', '.join(d.found) or 'none'})"
+        return {"url": url, "error": d.error, "client": d.client, "client_why": d.why,
+                "credentials_looked_at": list(d.looked_at), "credentials_found": list(d.found),
+                "credentials": ", ".join(d.found) or "none found",
+                "endpoint": d.endpoint, "answered": d.answered, "fault": d.fault, "problem": problem}
+
+
+def _endpoint_text(remote: dict[str, Any]) -> str:
+    """doctor's ``endpoint`` line: where requests go, and whether it answered."""
+    where = remote.get("endpoint") or "-"
+    if not remote.get("error"):
+        return f"{where}: answered (a listing works)"
+    if remote.get("answered") is False:
+        return f"{where}: did not answer: {remote['fault']}"
+    if remote.get("answered"):
+        return f"{where}: answered {remote['fault']} (a listing refused)"
+    return f"{where}: not asked (no request went out: see object storage)"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Where the store is and why, whether it is safe and usable, and what splits cache keys."""
+    probe = _RemoteProbe(args.cache_dir)  # first: its listing overlaps torch's import
     import torch
 
     from .. import __version__
@@ -103,27 +166,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..keys import environment, environment_digest
     from ..locks import filesystem_type, lock_mode_for
     from ..store import Store, misses
-    from ..store.remote import remote_location
     from ..store.safety import describe_dir, resolve_location
 
     remote: dict[str, Any] | None = None
-    remote_problem = ""
-    try:
-        tier, local_root, remote_source = remote_location(args.cache_dir)
-    except CompileCacheError as exc:  # a URL without fsspec/s3fs installed
-        tier, local_root, remote_source = None, None, None
-        remote = {"url": args.cache_dir or config.DIR.value(), "error": str(exc)}
-        remote_problem = f"object storage unusable: {exc}"
-    root, source = resolve_location(local_root if tier else None if remote else args.cache_dir)
-    if tier is not None:
-        source, remote = remote_source or source, _remote_info(tier)
+    if probe.url is not None:  # its listing is waited for last: it overlaps what comes first
+        probe.opened()
+        root, source = probe.local_tier(), probe.source or ("argument" if args.cache_dir else "COMPILE_CACHE_DIR")
+    else:
+        root, source = resolve_location(args.cache_dir)
     source_text = {
         "argument": "--cache-dir argument",
         "COMPILE_CACHE_DIR": "COMPILE_CACHE_DIR environment variable",
         "XDG_CACHE_HOME": "$XDG_CACHE_HOME/compile_cache",
         "default": "default (~/.cache/compile_cache)",
     }.get(source, source)
-    problems: list[str] = [remote_problem] if remote_problem else []
+    problems: list[str] = []
     try:
         shared = bool(config.SHARED.value())
     except ConfigError as exc:
@@ -140,30 +197,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     perms, safe = describe_dir(root, shared) if exists else ("does not exist yet (created on first use)", True)
     if not safe:
         problems.append(f"store permissions: {perms}")
-    store_state: dict[str, Any] = {}
-    if exists:
-        try:
-            store = Store(tier.url if tier else root)
-            st = store.stats()
-            store_state = {
-                "read_only": store.read_only, "read_only_reason": store.read_only_reason,
-                "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
-                "recent_misses": [
-                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
-                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
-                ],
-                "signed": store.signing_key is not None, "signer": store.signer,
-                "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
-                "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
-            }
-        except CompileCacheError as exc:
-            problems.append(f"store unusable: {exc}")
-    elif not problems:
-        parent = root.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not os.access(parent, os.W_OK | os.X_OK):
-            problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
+    store_problems = bool(problems)  # the location's own (the writability check below needs none)
 
     from ..local_dirs import check_local_dirs
     from ..torch_compat import capabilities
@@ -192,8 +226,36 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                           "default": "torch's", "allowed": "a directory path", "meaning": meaning,
                           "error": None})
 
-    if remote is not None and remote.get("error"):
-        problems.append(f"object storage: {remote['error']}")
+    if probe.url is not None:
+        probe.wait()
+        remote = probe.info()
+        if remote["problem"]:
+            problems.insert(0, remote["problem"])
+    store_state: dict[str, Any] = {}
+    if exists and not (remote and remote["error"]):  # an unreachable URL is asked nothing more
+        try:
+            store = Store(probe.url if remote else root)
+            st = store.stats()
+            store_state = {
+                "read_only": store.read_only, "read_only_reason": store.read_only_reason,
+                "entries": st["entries"], "size": st["size"], "max_size": st["max_size"],
+                "recent_misses": [
+                    {"key": m["key"], "time": m.get("time"), "reason": m.get("reason")}
+                    for m in misses.last_misses(store, 3) if not store.has(m["key"])  # unresolved
+                ],
+                "signed": store.signing_key is not None, "signer": store.signer,
+                "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
+                "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
+            }
+        except CompileCacheError as exc:
+            problems.append(f"store unusable: {exc}")
+    elif not store_problems and not (remote and remote["problem"]):
+        parent = root.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not os.access(parent, os.W_OK | os.X_OK):
+            problems.append(f"{root} does not exist and {parent} is not writable: the store would be read-only")
+
     not_carried = _not_carried()
     precompile = _precompile_info()
     data = {
@@ -225,10 +287,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("location", s["location"]),
         ("from", source_text),
         *([("local tier", f"{root} (read-through: a pack is downloaded once per node)"),
-           ("object storage", ("reachable" if not remote["error"] else f"UNREACHABLE: {remote['error']}")
-            + f"; credentials: {remote.get('credentials') or '-'}"),
-           ("object storage client", (remote.get("client") or "-")
-            + (f" ({remote['client_why']})" if remote.get("client_why") else ""))] if remote else []),
+           ("object storage", "reachable" if not remote["error"] else
+            "UNREACHABLE (see endpoint)" if remote.get("answered") is False else f"UNUSABLE: {remote['fault']}"),
+           ("client", (remote.get("client") or "-")
+            + (f" ({remote['client_why']})" if remote.get("client_why") else "")),
+           ("credentials", f"looked at {', '.join(remote['credentials_looked_at']) or '-'}; found: "
+            + (", ".join(remote["credentials_found"]) or "none")),
+           ("endpoint", _endpoint_text(remote))] if remote else []),
         ("filesystem", s["filesystem"]),
         ("lock mode", f"{lock_mode} ({lock_reason})"),
         ("permissions", perms),

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the store: a directory or a URL such as s3://bucket/prefix (default: COMPILE_CACHE_DIR, "
              "then $XDG_CACHE_HOME/compile_cache, then ~/.cache/compile_cache)",
     )
-    store_opts.add_argument("-v", "--verbose", action="store_true", help="log what compile_cache does to stderr")
+    store_opts.add_argument("-v", "--verbose", action="store_true",
+                            help="log what compile_cache does to stderr, and the warnings of the object "
+                                 "storage packages (s3fs, gcsfs, adlfs and theirs)")
     json_opts = argparse.ArgumentParser(add_help=False)
     json_opts.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     confirm_opts = argparse.ArgumentParser(add_help=False)
@@ -171,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = logging.getLogger("compile_cache")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        from ..store.backends.fsspec_backend import FALLBACK_LOGGERS
+
+        for name in FALLBACK_LOGGERS:  # the protocol packages' warnings too (quiet without -v)
+            logging.getLogger(name).addHandler(handler)
     with _RedactedOutput():  # every line the command prints, --json included: no credential
         return _run(args)
 

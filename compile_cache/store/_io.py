@@ -14,6 +14,7 @@ from typing import Any
 
 from .._paths import check_key
 from .._warnings import warn
+from ..errors import UnsafeStoreError
 
 logger = logging.getLogger("compile_cache")
 
@@ -146,6 +147,47 @@ def make_dirs(path: Path, anchor: Path | None, dir_mode: int) -> None:
             continue
         if ours:
             os.chmod(directory, dir_mode)
+
+
+def make_private_dirs(base: Path, parts: tuple[str, ...], group_mode: bool = False) -> bool:
+    """Make ``base/parts[0]/parts[1]/...``: ``base`` (the user's cache dir or a directory the
+    user chose) with ``os.makedirs`` at 0700 where missing, then each of ``parts`` below it at
+    0700 exactly, reached without following a link and refused (:class:`UnsafeStoreError`)
+    when it is a link, not a directory, or a directory others could plant files in
+    (``group_mode``: a group-shared store's, :func:`~.safety.trust_problem`). True if the last
+    one was made now (then it is empty)."""
+    from .safety import trust_problem
+
+    os.makedirs(base, 0o700, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    made = False
+    try:
+        for i, name in enumerate(parts):
+            shown = base.joinpath(*parts[: i + 1])
+            made = False
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                pass
+            try:
+                nfd = os.open(name, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                              | getattr(os, "O_CLOEXEC", 0), dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    raise UnsafeStoreError(f"refusing to use {shown}: it is a symlink or not a directory "
+                                           "(a local tier is reached without following links)") from None
+                raise
+            os.close(fd)
+            fd = nfd
+            if made:
+                os.fchmod(fd, 0o700)
+            problem = trust_problem(os.fstat(fd), shown, group_mode)
+            if problem is not None:
+                raise UnsafeStoreError(problem.message)
+        return made
+    finally:
+        os.close(fd)
 
 
 def reset_warnings() -> None:

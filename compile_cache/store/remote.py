@@ -42,6 +42,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import threading
 import time
 import weakref
@@ -53,9 +54,9 @@ from typing import IO, Any
 
 from .. import config, publisher
 from .._paths import temp_path
-from ..errors import CorruptPackError, StoreError
+from ..errors import ConfigError, CorruptPackError, StoreError, UnsafeStoreError
 from . import compression, maintenance
-from ._io import MAX_JSON_BYTES, json_bytes, json_object, parse_json, warn_once
+from ._io import MAX_JSON_BYTES, json_bytes, json_object, make_private_dirs, parse_json, warn_once
 from .backends import RemoteError, TooLargeError, is_url, open_backend, redact
 from .compression import SUFFIX
 from .counters import COUNTERS, add_counts
@@ -69,7 +70,7 @@ from .pack import (
 from .parts import StoreParts
 from .records import EntryInfo, EvictionPlan, PackInfo
 
-__all__ = ["RemoteTier", "local_tier_dir", "remote_location"]
+__all__ = ["RemoteTier", "local_tier_base", "local_tier_dir", "remote_location"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -105,17 +106,38 @@ PARALLEL_GETS = 4
 WRITE_DELAY_S = 3.0
 
 
-def local_tier_dir(url: str) -> Path:
-    """The local tier of the store at ``url``: under ``COMPILE_CACHE_LOCAL_TIER``, else under the
-    XDG cache (or ``~/.cache``) ``compile_cache/remote/``, by a hash of the URL, so two URLs
-    never share a tier."""
-    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _tier_parts(url: str) -> tuple[str, ...]:
+    """The directories of ``url``'s tier below the cache dir's ``compile_cache/remote``: the
+    scheme, the bucket (a name that is not a plain one goes by its hash) and a hash of the whole
+    URL, so that two URLs never share a tier and a listing shows whose tier is whose."""
+    scheme, _, rest = url.rstrip("/").partition("://")
+    bucket = rest.split("/", 1)[0]
+    if not _SAFE_NAME.fullmatch(bucket) or ".." in bucket:
+        bucket = "b-" + hashlib.sha256(bucket.encode()).hexdigest()[:16]
+    scheme = scheme.lower() if _SAFE_NAME.fullmatch(scheme) else "other"
+    return scheme, bucket, hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def local_tier_base(url: str) -> tuple[Path, tuple[str, ...]]:
+    """(a directory of the user's, the tier's directories below it) for the store at ``url``:
+    ``COMPILE_CACHE_LOCAL_TIER`` and a hash of the URL, else the XDG cache (or ``~/.cache``) and
+    ``compile_cache/remote/<scheme>/<bucket>/<hash of the URL>`` (:func:`_tier_parts`)."""
     chosen = (config.LOCAL_TIER.value() or "").strip()
     if chosen:
-        return Path(chosen).expanduser().absolute() / digest
+        return Path(chosen).expanduser().absolute(), _tier_parts(url)[-1:]
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "compile_cache" / "remote" / digest
+    return base, ("compile_cache", "remote", *_tier_parts(url))
+
+
+def local_tier_dir(url: str) -> Path:
+    """The local tier of the store at ``url`` (:func:`local_tier_base`): under the user's cache
+    dir, never a shared temporary directory; two URLs never share a tier."""
+    base, parts = local_tier_base(url)
+    return base.joinpath(*parts)
 
 
 def remote_location(path: str | os.PathLike[str] | None = None) -> tuple[RemoteTier | None, Any, str | None]:
@@ -252,14 +274,20 @@ class RemoteTier:
         self.display = redact(self.url)
         self.backend = open_backend(self.url)
         self.layout = RemoteLayout()
-        self.local_root = local_tier_dir(self.url)
+        base, parts = local_tier_base(self.url)
+        self.local_root = base.joinpath(*parts)
         #: Whether this process made the local tier just now (then it is empty: its size is
         #: known, 0, without the walk a tier of unknown size gets at its first cap check).
         self.made_local = False
-        try:  # private, like every store directory
-            self.local_root.mkdir(mode=0o700, parents=True)
-            self.made_local = True
-        except OSError:  # there already (or not makeable: the store finds out and says why)
+        try:
+            group = bool(config.SHARED.value())
+        except ConfigError:  # the store that opens this tier names the bad value
+            group = False
+        try:  # private, like every store directory, and reached without following a link
+            self.made_local = make_private_dirs(base, parts, group)
+        except UnsafeStoreError:
+            raise
+        except OSError:  # not makeable: the store finds out and says why
             pass
         self._counts: dict[str, Any] = {}
         self._stats_object = self.layout.stats_object()

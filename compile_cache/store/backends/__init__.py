@@ -8,7 +8,8 @@
 ``s3``, ``s3_auth`` the small S3 client and its SigV4 signing and settings
 ``gcs``             the small GCS client (JSON API; an emulator, a token or the metadata server)
 ``azure``           the small Azure Blob client (REST API; Shared Key or SAS)
-``clients``         :func:`open_backend`: which client serves a URL (the one place that chooses)
+``clients``         :func:`open_backend`: which client serves a URL (the one place that chooses);
+                    :func:`diagnose`: what doctor says of it (client, credential sources, endpoint)
 
 Nothing outside this package knows a client: removing one is removing its modules here and its
 branch in ``clients``.
@@ -17,6 +18,7 @@ branch in ``clients``.
 from __future__ import annotations
 
 from .base import ObjectBackend, ObjectInfo, RemoteError, TooLargeError, is_url, redact
-from .clients import open_backend
+from .clients import Diagnosis, credential_sources, diagnose, open_backend
 
-__all__ = ["ObjectBackend", "ObjectInfo", "RemoteError", "TooLargeError", "is_url", "open_backend", "redact"]
+__all__ = ["Diagnosis", "ObjectBackend", "ObjectInfo", "RemoteError", "TooLargeError", "credential_sources",
+           "diagnose", "is_url", "open_backend", "redact"]

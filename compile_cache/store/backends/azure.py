@@ -42,7 +42,7 @@ from ...redact import check_credential
 from .base import ObjectInfo, RemoteError, redact
 from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code, parse_xml
 
-__all__ = ["AzureBackend", "AzureSettings", "settings", "shared_key"]
+__all__ = ["AzureBackend", "AzureSettings", "credential_sources", "settings", "shared_key"]
 
 #: The REST API version sent (Put Blob takes up to 5000 MiB in one request since 2019-12-12).
 API_VERSION = "2021-08-06"
@@ -80,6 +80,19 @@ def _connection_string(text: str) -> dict[str, str]:
         if sep and name.strip():
             out[name.strip()] = value.strip()
     return out
+
+
+def credential_sources(env: Mapping[str, str] | None = None) -> list[tuple[str, bool | None]]:
+    """The credential sources looked at (this client's, then adlfs's), each with whether it is
+    there: names of variables, never a value (what doctor shows)."""
+    env = os.environ if env is None else env
+    return [(name, bool(env.get(name))) for name in (
+        "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")] + [
+        ("FSSPEC_AZ*/FSSPEC_ABFS*", any(n.startswith(("FSSPEC_AZ", "FSSPEC_ABFS")) for n in env)),
+        ("AZURE_CLIENT_ID/AZURE_TENANT_ID (DefaultAzureCredential)",
+         bool(env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID"))),
+    ]
 
 
 def settings(url: str, env: Mapping[str, str] | None = None) -> tuple[AzureSettings | None, str]:
@@ -173,6 +186,11 @@ class AzureBackend(HttpBackend):
 
     def _where(self) -> tuple[str, str, str | None]:
         return self._s.scheme, self._s.host, None
+
+    @property
+    def endpoint(self) -> str:  # type: ignore[override]
+        """The blob endpoint (``scheme://host[:port]/base``), as doctor shows it."""
+        return f"{self._s.scheme}://{self._s.host}{self._s.base_path}"
 
     def _path(self, key: str | None) -> str:
         """The encoded URI path of the container (``key`` None) or of a blob."""

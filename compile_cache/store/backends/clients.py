@@ -14,13 +14,16 @@ credential) and shown by ``doctor``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+from typing import Any, NamedTuple
 
 from ... import config
-from .base import ObjectBackend, redact
+from ...errors import CompileCacheError
+from ...redact import one_line
+from .base import ObjectBackend, RemoteError, redact
 from .fsspec_backend import PACKAGES, FsspecBackend
 
-__all__ = ["open_backend"]
+__all__ = ["Diagnosis", "credential_sources", "diagnose", "open_backend"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -82,3 +85,59 @@ def open_backend(url: str) -> ObjectBackend:
     backend.why = (f"the small {_NAME[family]} client declines this store: {why}; served by {package} "
                    f"through fsspec (pip install 'compile-cache[{extra}]')")
     return backend
+
+
+def credential_sources(url: str) -> list[tuple[str, bool | None]]:
+    """The credential sources the clients of ``url``'s scheme look at, each with whether it is
+    there (None: only a request could tell); names, never a value. Empty for another scheme."""
+    family = _FAMILY.get(url.split("://", 1)[0].lower())
+    if family == "s3":
+        from .s3_auth import credential_sources as sources
+    elif family == "gs":
+        from .gcs import credential_sources as sources
+    elif family == "az":
+        from .azure import credential_sources as sources
+    else:
+        return []
+    return sources(os.environ)
+
+
+class Diagnosis(NamedTuple):
+    """What doctor says of a store on object storage, each fact in one line's worth."""
+
+    #: Which client serves the URL.
+    client: str
+    #: Why that client: the small client's reason, or why it declined.
+    why: str
+    #: The credential sources looked at, and those found (names, never a value).
+    looked_at: tuple[str, ...]
+    found: tuple[str, ...]
+    #: Where requests go, as shown.
+    endpoint: str
+    #: Whether the endpoint answered (any HTTP status); None when no request went out.
+    answered: bool | None
+    #: The probe's fault in a few words ("" when the listing worked).
+    fault: str
+    #: The probe's error, one line (None when the listing worked).
+    error: str | None
+
+
+def diagnose(backend: ObjectBackend, prefix: str, seconds: float) -> Diagnosis:
+    """One listing of ``prefix`` through ``backend``, one try of at most ``seconds`` (a doctor
+    must answer in seconds when the store cannot), and what it tells: see :class:`Diagnosis`.
+    The backend is the caller's own: its tries and time limit are changed for this."""
+    backend.attempts = 1  # type: ignore[attr-defined]
+    backend.first_timeout = min(float(getattr(backend, "first_timeout", seconds)), seconds)  # type: ignore[attr-defined]
+    error: str | None = None
+    answered: bool | None = True
+    fault = ""
+    try:
+        backend.list(prefix)
+    except RemoteError as exc:
+        error, answered, fault = one_line(exc, 400), exc.answered, exc.fault
+    except CompileCacheError as exc:
+        error, answered, fault = one_line(exc, 400), None, one_line(exc, 200)
+    sources = credential_sources(backend.url)
+    return Diagnosis(backend.client, backend.why, tuple(n for n, _ in sources),
+                     tuple(n for n, there in sources if there), getattr(backend, "endpoint", "?"),
+                     answered, fault, error)

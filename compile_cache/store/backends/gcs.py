@@ -41,9 +41,17 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from ...redact import check_credential
 from .base import ObjectInfo, RemoteError, redact
-from .rest import ERROR_BODY, HttpBackend, HttpError, Response, clean_code, iso_mtime
+from .rest import (
+    ERROR_BODY,
+    BoundedHTTPConnection,
+    HttpBackend,
+    HttpError,
+    Response,
+    clean_code,
+    iso_mtime,
+)
 
-__all__ = ["GcsBackend", "GcsSettings", "settings"]
+__all__ = ["GcsBackend", "GcsSettings", "credential_sources", "settings"]
 
 #: GCS's own endpoint.
 GOOGLE = "https://storage.googleapis.com"
@@ -88,6 +96,23 @@ def _on_google_cloud(env: Mapping[str, str]) -> bool:
 def _gcloud_adc(env: Mapping[str, str]) -> Path:
     base = env.get("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config", "gcloud")
     return Path(base) / "application_default_credentials.json"
+
+
+def credential_sources(env: Mapping[str, str] | None = None) -> list[tuple[str, bool | None]]:
+    """The credential sources looked at (this client's, then gcsfs's), each with whether it is
+    there: names of variables and files, never a value (what doctor shows)."""
+    env = os.environ if env is None else env
+    adc = _gcloud_adc(env)
+    shown = (f"$CLOUDSDK_CONFIG/{adc.name}" if env.get("CLOUDSDK_CONFIG")
+             else f"~/.config/gcloud/{adc.name}")
+    return [
+        ("STORAGE_EMULATOR_HOST", bool((env.get("STORAGE_EMULATOR_HOST") or "").strip())),
+        ("GOOGLE_OAUTH_ACCESS_TOKEN", bool(env.get("GOOGLE_OAUTH_ACCESS_TOKEN"))),
+        ("GOOGLE_APPLICATION_CREDENTIALS", bool(env.get("GOOGLE_APPLICATION_CREDENTIALS"))),
+        ("FSSPEC_GCS_*", any(n.startswith(("FSSPEC_GCS", "FSSPEC_GS")) for n in env)),
+        (shown, adc.exists()),
+        ("the metadata server (GCE_METADATA_HOST or a Google machine)", _on_google_cloud(env)),
+    ]
 
 
 def settings(url: str, env: Mapping[str, str] | None = None) -> tuple[GcsSettings | None, str]:
@@ -166,9 +191,7 @@ class GcsBackend(HttpBackend):
 
     def _metadata_token(self) -> tuple[str, float]:
         """A token from the metadata server, and when to renew it."""
-        import http.client
-
-        conn = http.client.HTTPConnection(self._s.metadata_host, timeout=self.timeout)
+        conn = BoundedHTTPConnection(self._s.metadata_host, timeout=self.limit())
         try:
             conn.request("GET", TOKEN_PATH, headers={"Metadata-Flavor": "Google"})
             resp = conn.getresponse()

@@ -34,7 +34,7 @@ from .base import (
     copy_bounded,
 )
 
-__all__ = ["HttpBackend", "HttpError", "Response", "XmlElement", "clean_code", "iso_mtime", "paginate",
+__all__ = ["BoundedHTTPConnection", "BoundedHTTPSConnection", "HttpBackend", "HttpError", "NameLookupError", "Response", "XmlElement", "clean_code", "iso_mtime", "paginate",
            "parse_xml"]
 
 #: Bytes of an error response read for its code.
@@ -81,9 +81,9 @@ class _Deadline:
     the read then raises :class:`TimeoutError`.
     """
 
-    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float, start: float | None = None) -> None:
         self._conn = conn
-        self._start = time.monotonic()
+        self._start = time.monotonic() if start is None else start
         self._seconds = seconds
         self.expires = self._start + seconds
         self.fired = False
@@ -176,6 +176,131 @@ def _new_watchdog_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_watchdog_lock_in_child)
+
+
+class NameLookupError(socket.gaierror):
+    """The endpoint's host name has no address, or its lookup took longer than a request may."""
+
+
+class _Lookup:
+    """One name lookup asked of the :class:`_Resolver`: its answer or error, once ``done``."""
+
+    __slots__ = ("abandoned", "answer", "done", "error", "host", "port")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.answer: list[Any] = []
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+
+class _Resolver:
+    """One daemon thread per process that looks host names up, one after the other: a lookup
+    cannot be interrupted, so the request that asked waits for it at most its deadline, and
+    goes on without it. One thread, started with the first lookup, not one per connection (see
+    :class:`_Watchdog`); a lookup that hangs holds up the ones behind it, each of which ends at
+    its own deadline (a resolver that does not answer one name rarely answers the next)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Lookup] = []
+        self._thread: threading.Thread | None = None
+
+    def lookup(self, host: str, port: int, seconds: float) -> list[Any]:
+        """``getaddrinfo(host, port)`` for a TCP connection, waited for at most ``seconds``."""
+        asked = _Lookup(host, port)
+        with self._cond:
+            self._queue.append(asked)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="compile-cache-lookup", daemon=True)
+                self._thread.start()
+            else:
+                self._cond.notify()
+        if not asked.done.wait(seconds):
+            asked.abandoned = True
+            raise NameLookupError(socket.EAI_AGAIN, f"{host}: no address within {seconds:g} s")
+        if asked.error is not None:
+            raise NameLookupError(socket.EAI_NONAME, f"{host}: the name does not resolve ({asked.error})")
+        return asked.answer
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                asked = self._queue.pop(0)
+            if asked.abandoned:
+                continue
+            try:
+                asked.answer = socket.getaddrinfo(asked.host, asked.port, 0, socket.SOCK_STREAM)
+            except (OSError, UnicodeError) as exc:
+                asked.error = exc
+            asked.done.set()
+
+
+_resolver_of: tuple[int, _Resolver] | None = None
+
+
+def _lookup(host: str, port: int, seconds: float) -> list[Any]:
+    """``getaddrinfo`` of ``host``, waited for at most ``seconds`` (this process's
+    :class:`_Resolver`): a resolver that does not answer (a closed network) must not hold a
+    request past its deadline, and a socket's timeout does not cover the lookup. An address
+    needs no lookup."""
+    global _resolver_of
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    current = _resolver_of
+    if current is None or current[0] != os.getpid():
+        with _watchdog_lock:
+            if _resolver_of is None or _resolver_of[0] != os.getpid():
+                _resolver_of = (os.getpid(), _Resolver())
+            current = _resolver_of
+    return current[1].lookup(host, port, seconds)
+
+
+def _connect(address: tuple[str, int], timeout: float, source_address: Any = None) -> socket.socket:
+    """``socket.create_connection`` with one limit, ``timeout``, for the name's lookup and the
+    connection together (:func:`_lookup`); the socket keeps ``timeout`` for each later read."""
+    host, port = address
+    end = time.monotonic() + timeout
+    last: OSError | None = None
+    for family, kind, proto, _name, where in _lookup(host, port, timeout):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(where)
+            sock.settimeout(timeout)
+            return sock
+        except OSError as exc:
+            last = exc
+            sock.close()
+    raise last or TimeoutError(f"connecting to {host}:{port}: no connection within {timeout:g} s")
+
+
+class BoundedHTTPConnection(http.client.HTTPConnection):
+    """``http.client``'s connection whose connect bounds the name's lookup too (:func:`_connect`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect
+
+
+class BoundedHTTPSConnection(http.client.HTTPSConnection):
+    """:class:`BoundedHTTPConnection` over TLS."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect
 
 
 class Response:
@@ -338,6 +463,12 @@ class HttpBackend(RetryingBackend):
         self.bucket, _, prefix = self.url.split("://", 1)[1].partition("/")
         self.prefix = prefix.strip("/")
 
+    @property
+    def endpoint(self) -> str:  # type: ignore[override]
+        """Where requests go (``scheme://host[:port]``), as doctor shows it."""
+        scheme, where, _ = self._where()
+        return f"{scheme}://{where}"
+
     def _key(self, name: str) -> str:
         """The object key of ``name`` (under the URL's prefix)."""
         return "/".join(p for p in (self.prefix, name) if p)
@@ -363,12 +494,10 @@ class HttpBackend(RetryingBackend):
             if scheme == "https":
                 import ssl
 
-                conn = http.client.HTTPSConnection(host, int(port) if port else None, timeout=self.timeout,
-                                                   blocksize=1 << 16,
-                                                   context=ssl.create_default_context(cafile=ca_bundle))
+                conn = BoundedHTTPSConnection(host, int(port) if port else None, timeout=self.timeout,
+                                        blocksize=1 << 16, context=ssl.create_default_context(cafile=ca_bundle))
             else:
-                conn = http.client.HTTPConnection(host, int(port) if port else None, timeout=self.timeout,
-                                                  blocksize=1 << 16)
+                conn = BoundedHTTPConnection(host, int(port) if port else None, timeout=self.timeout, blocksize=1 << 16)
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
@@ -390,9 +519,17 @@ class HttpBackend(RetryingBackend):
         for fresh in (False, True):
             reused = getattr(self._local, "conn", None) is not None and not fresh
             conn = self._conn()
+            start, limit = time.monotonic(), self.limit()
+            conn.timeout = limit  # the connection's setup and each read (a first request: shorter)
             if conn.sock is None:
-                conn.connect()  # now, so that the deadline can reach the socket
-            deadline = _Deadline(conn, self.timeout)
+                try:
+                    conn.connect()  # now, so that the deadline can reach the socket
+                except BaseException:
+                    self.drop()
+                    raise
+            else:
+                conn.sock.settimeout(limit)
+            deadline = _Deadline(conn, limit, start)
             try:
                 conn.request(method, target, body=body, headers=headers)
                 return Response(self, conn.getresponse(), deadline)

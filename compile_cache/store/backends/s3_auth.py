@@ -24,7 +24,7 @@ from ...redact import check_credential
 if TYPE_CHECKING:
     import configparser
 
-__all__ = ["Credentials", "S3Settings", "check_environment", "settings", "sign"]
+__all__ = ["Credentials", "S3Settings", "check_environment", "credential_sources", "settings", "sign"]
 
 #: Config-file keys this client understands; any other key in the profile means s3fs.
 _PROFILE_KEYS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token",
@@ -124,6 +124,28 @@ def _credentials(env: Mapping[str, str]) -> tuple[Credentials | None, dict[str, 
                                 f"profile {profile!r} ({where})")
             return creds, config, ""
     return None, {}, "no keys in the environment or a profile (instance, pod or SSO credentials)"
+
+
+def credential_sources(env: Mapping[str, str] | None = None) -> list[tuple[str, bool | None]]:
+    """The credential sources of botocore's chain, in its order, each with whether it is there
+    (None: only a request could tell): names of variables and files, never a value. What
+    doctor shows beside the client that serves the store."""
+    env = os.environ if env is None else env
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    shared = env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+    config = env.get("AWS_CONFIG_FILE") or "~/.aws/config"
+    metadata_off = (env.get("AWS_EC2_METADATA_DISABLED") or "").strip().lower() == "true"
+    return [
+        ("AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY",
+         bool(env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"))),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", bool(env.get("AWS_WEB_IDENTITY_TOKEN_FILE"))),
+        (f"profile {profile!r} in {shared}", os.path.lexists(os.path.expanduser(shared))),
+        (f"profile {profile!r} in {config}", os.path.lexists(os.path.expanduser(config))),
+        ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/FULL_URI",
+         bool(env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"))),
+        ("the instance metadata service" + (" (off: AWS_EC2_METADATA_DISABLED)" if metadata_off else ""),
+         False if metadata_off else None),
+    ]
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
