@@ -145,7 +145,20 @@ def make_dirs(path: Path, anchor: Path | None, dir_mode: int) -> None:
         except FileExistsError:
             continue
         if ours:
-            os.chmod(directory, dir_mode)
+            _fchmod_new_dir(directory, dir_mode)
+
+
+def _fchmod_new_dir(directory: Path, dir_mode: int) -> None:
+    """Give the directory just made at ``directory`` its exact mode, on a descriptor opened
+    without following a link, and only if it is this user's: never a chmod by path, which
+    would follow a link swapped in since the mkdir."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, dir_mode)
+    finally:
+        os.close(fd)
 
 
 def reset_warnings() -> None:

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 from .. import config
 from .._paths import atomic_write
 from ..errors import StoreError, UnsafeStoreError, UnsafeStorePathError
-from ..locks import BaseLock, make_lock
+from ..locks import BaseLock, DirOpener, make_lock
 from ._io import MAX_JSON_BYTES, json_object, make_dirs, warn_once
 from .safety import trust_problem
 
@@ -99,7 +99,24 @@ class StoreFS:
         usable = self.is_dir(base.parent)
         return make_lock(base, mode=self.lock_mode if usable else "none", timeout=timeout,
                          stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
-                         dir_mode=self.dir_mode, file_mode=self.file_mode)
+                         dir_mode=self.dir_mode, file_mode=self.file_mode,
+                         directory=self.directory_opener(base.parent))
+
+    def directory_opener(self, path: PathLike) -> DirOpener:
+        """What a lock opens its directory ``path`` with: :meth:`directory`, the walk from the
+        root that follows no link (missing directories made with the store's mode), so every
+        step of the lock is relative to a descriptor of the real locks directory."""
+        parts = self.parts(path)
+
+        @contextlib.contextmanager
+        def opener() -> Iterator[int]:
+            fd = self._walk(parts, create=self.dir_mode)
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+
+        return opener
 
     # -- paths -----------------------------------------------------------------------------------
     def parts(self, path: PathLike) -> tuple[str, ...]:

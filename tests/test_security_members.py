@@ -1,0 +1,219 @@
+"""A hostile member of a group-shared store (issue 54), tried as that member would: two throwaway
+users in one group (tests/_user_helpers.py), the victim's home under the fixture's scratch dir.
+
+Locks are store files too: every step of a lock works relative to the locks directory's
+descriptor, never through a path a member could swap (compile_cache/locks/ondisk.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from _user_helpers import Users, as_user, make_users, owned_dir, preload, start_as_user
+
+from compile_cache.errors import LockTimeoutError
+from compile_cache.store import Store
+from compile_cache.store.layout import Layout
+
+KEY = "ab" * 16
+SECRET = b"-----BEGIN OPENSSH PRIVATE KEY-----\nvictim's\n"
+
+
+@pytest.fixture(scope="module")
+def users() -> Users:
+    preload()
+    yield from make_users()
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in ("COMPILE_CACHE_DIR", "COMPILE_CACHE_SHARED", "COMPILE_CACHE_LOCK",
+                 "COMPILE_CACHE_MAX_SIZE", "COMPILE_CACHE_READ_ONLY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _group_store(users: Users, name: str) -> Path:
+    shared = owned_dir(users.scratch / name, users.a, 0o2775, gid=users.gid)
+    return shared / "store"
+
+
+def _victim_home(users: Users, name: str) -> Path:
+    """A home as real ones are (0755, searchable), with a private ~/.ssh and key."""
+    home = owned_dir(users.scratch / name, users.a, 0o755)
+    ssh = owned_dir(home / ".ssh", users.a, 0o700)
+    key = ssh / "id_ed25519"
+    key.write_bytes(SECRET)
+    os.chown(key, users.a.uid, users.a.gid)
+    key.chmod(0o600)
+    return home
+
+
+def _home_state(home: Path) -> dict[str, tuple[int, bytes | None]]:
+    return {str(p.relative_to(home)): (stat.S_IMODE(p.lstat().st_mode), p.read_bytes() if p.is_file() else None)
+            for p in [home, *home.rglob("*")]}
+
+
+def _as_group(lock_mode: str) -> None:
+    os.environ.update(COMPILE_CACHE_SHARED="group", COMPILE_CACHE_LOCK=lock_mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1: the mkdir lock's chmod/rename race, and a FIFO as its owner record
+
+
+def _victim_counts(store: str, until: float) -> int:
+    """As the victim: what a job does all the time, counter updates (each under the shard's
+    lock) and the key's lock, until ``until``."""
+    _as_group("mkdir")
+    opened = Store(store)
+    rounds = 0
+    while time.time() < until:
+        opened.record_error("race")
+        with contextlib.suppress(LockTimeoutError), opened.lock(KEY, timeout=0):
+            pass
+        rounds += 1
+    return rounds
+
+
+def _attacker_swaps(locks: str, targets: list[str], until: float) -> dict:
+    """As the attacker: every lock directory the victim makes is exchanged with a link into
+    the victim's home (renameat2 RENAME_EXCHANGE, atomic), again and again; and the key tried."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    names = [f"stats-{n}.lockdir" for n in range(8)] + [f"{KEY}.lockdir"]
+    pairs = []
+    for i, name in enumerate(names):
+        link = f"{locks}/.evil-{name}"
+        os.symlink(targets[i % len(targets)], link)
+        pairs.append((f"{locks}/{name}".encode(), link.encode(), link, targets[i % len(targets)]))
+    swaps, read, spins = 0, False, 0
+    while time.time() < until:
+        for a, b, link, target in pairs:
+            if libc.renameat2(at_fdcwd, a, at_fdcwd, b, rename_exchange) == 0:
+                swaps += 1  # the name is the link now: leave it there a moment, then swap back
+                time.sleep(0.0005)
+                libc.renameat2(at_fdcwd, a, at_fdcwd, b, rename_exchange)
+                if not os.path.islink(link):  # the victim moved the link away: a new one
+                    with contextlib.suppress(OSError):
+                        os.rename(link, f"{link}-{swaps}")
+                    with contextlib.suppress(OSError):
+                        os.symlink(target, link)
+        spins += 1
+        if spins % 2000 == 0:
+            for target in targets:
+                key = os.path.join(target, "id_ed25519") if target.endswith(".ssh") else target
+                with contextlib.suppress(OSError), open(key, "rb") as fh:
+                    read = read or fh.read() == SECRET
+    return {"swaps": swaps, "read": read}
+
+
+def test_a_member_swapping_new_lock_dirs_for_links_never_changes_the_victims_home(users: Users) -> None:
+    store = _group_store(users, "race-store")
+    home = _victim_home(users, "race-home")
+    as_user(users.a, _victim_counts, str(store), 0.0)  # the store and its locks dir exist
+    before = _home_state(home)
+    until = time.time() + 30
+    attacker = start_as_user(users.b, _attacker_swaps, str(Layout(store).locks_dir),
+                             [str(home / ".ssh"), str(home / ".ssh" / "id_ed25519")], until)
+    rounds = as_user(users.a, _victim_counts, str(store), until, timeout=90)
+    attack = attacker.result(60)
+    assert rounds > 50 and attack["swaps"] > 50, (rounds, attack)  # both really ran
+    assert _home_state(home) == before  # no mode changed, nothing written or made there
+    assert not attack["read"]
+
+
+def _victim_holds_then_releases(store: str, ready: str, planted: str) -> float:
+    _as_group("mkdir")
+    lock = Store(store).lock(KEY, timeout=5)
+    lock.acquire()
+    Path(ready).touch()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(planted) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    started = time.monotonic()
+    lock.release()
+    return time.monotonic() - started
+
+
+def _attacker_plants_fifo(store: str) -> None:
+    lockdir = Layout(Path(store)).lock_base(KEY).with_name(f"{KEY}.lockdir")
+    os.unlink(lockdir / "owner")
+    os.mkfifo(lockdir / "owner", 0o666)
+
+
+def test_a_fifo_planted_as_the_owner_record_never_hangs_the_release(users: Users) -> None:
+    store = _group_store(users, "fifo-store")
+    signals = owned_dir(users.scratch / "fifo-signals", users.a, 0o755)
+    ready, planted = signals / "ready", signals / "planted"
+    victim = start_as_user(users.a, _victim_holds_then_releases, str(store), str(ready), str(planted))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        as_user(users.b, _attacker_plants_fifo, str(store))
+        planted.touch()
+        seconds = victim.result(15)  # a release that blocks on the FIFO gives no result: fails
+    finally:
+        victim.kill()
+    assert seconds < 15
+    assert not (Layout(store).locks_dir / f"{KEY}.lockdir").exists()  # released all the same
+
+
+# ---------------------------------------------------------------------------------------------
+# 6 (the lock part): Store.lock raises only LockTimeoutError, whatever a member put there
+
+
+def _attacker_plants_lock(store: str, hold_until: float) -> None:
+    """As the attacker: a 0644 ``<key>.lock`` of its own (the victim cannot open it for
+    writing), held with an fcntl lock until ``hold_until`` when that is in the future."""
+    import fcntl
+
+    path = Layout(Path(store)).lock_base(KEY).with_name(f"{KEY}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.fchmod(fd, 0o644)
+    os.write(fd, b"attacker's\n")
+    if hold_until > time.time():
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        Path(store, "held").touch()
+        while time.time() < hold_until:
+            time.sleep(0.05)
+    os.close(fd)
+
+
+def _victim_locks(store: str) -> str:
+    _as_group("fcntl")
+    lock = Store(store).lock(KEY, timeout=1)
+    try:
+        lock.acquire()
+    except LockTimeoutError as exc:
+        return f"timeout: {exc}"
+    lock.release()
+    return "taken"
+
+
+def test_a_members_read_only_lock_file_is_replaced_or_waited_for_never_an_undocumented_error(
+    users: Users,
+) -> None:
+    store = _group_store(users, "lockfile-store")
+    as_user(users.a, _victim_counts, str(store), 0.0)
+    as_user(users.b, _attacker_plants_lock, str(store), 0.0)
+    lock = Layout(store).locks_dir / f"{KEY}.lock"
+    assert as_user(users.a, _victim_locks, str(store)) == "taken"  # was PermissionError
+    st = lock.lstat()
+    assert (st.st_uid, st.st_nlink) == (users.a.uid, 1)  # a fresh file of the victim's in place
+    # Held by the attacker: the victim waits its timeout, and says so with the documented error.
+    lock.unlink()
+    holder = start_as_user(users.b, _attacker_plants_lock, str(store), time.time() + 20)
+    try:
+        deadline = time.monotonic() + 30
+        while not (store / "held").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert as_user(users.a, _victim_locks, str(store)).startswith("timeout: could not take lock")
+    finally:
+        holder.kill()
