@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import stat
 import time
@@ -217,3 +218,75 @@ def test_a_members_read_only_lock_file_is_replaced_or_waited_for_never_an_undocu
         assert as_user(users.a, _victim_locks, str(store)).startswith("timeout: could not take lock")
     finally:
         holder.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2: hard links to the victim's files, where the kernel does not refuse them
+
+
+@pytest.fixture
+def unprotected_hardlinks():
+    """``fs.protected_hardlinks=0`` (as on an NFS client whose server does not enforce it) for
+    this test only, restored after, whatever happens."""
+    knob = Path("/proc/sys/fs/protected_hardlinks")
+    old = knob.read_text()
+    knob.write_text("0")
+    try:
+        yield
+    finally:
+        knob.write_text(old)
+
+
+TOKEN = "victims-registry-token-0123456789"
+
+
+def _victim_publishes(store: str) -> None:
+    _as_group("fcntl")
+    Store(store).publish(KEY, {"inductor/x": b"y" * 64})
+
+
+def _attacker_links(store: str, secret: str) -> None:
+    """As the attacker: the victim's file hard-linked as every stats lock, as the entry's
+    ``entry.json`` and as its ``used`` mark."""
+    layout = Layout(Path(store))
+    for n in range(8):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(layout.locks_dir / f"stats-{n}.lock")
+        os.link(secret, layout.locks_dir / f"stats-{n}.lock")
+    for target in (layout.entry_json(KEY), layout.used_file(KEY)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        os.link(secret, target)
+
+
+def _victim_works(store: str, archive: str) -> dict:
+    """As the victim: counter updates, a hit (marks the entry used), an export."""
+    _as_group("fcntl")
+    opened = Store(store)
+    for _ in range(3):
+        opened.record_error("x")
+    opened.record_hit(KEY, seconds_saved=1.0)
+    opened.export(archive)
+    return {"archive": Path(archive).read_bytes()}
+
+
+def test_hard_links_to_the_victims_file_are_never_written_touched_or_exported(
+    users: Users, unprotected_hardlinks,
+) -> None:
+    import gzip
+
+    store = _group_store(users, "hardlink-store")
+    home = owned_dir(users.scratch / "hardlink-home", users.a, 0o755)
+    secret = home / "registry.json"  # JSON, so that a reader that parses it would take it
+    secret.write_text(json.dumps({"auth": TOKEN}))
+    os.chown(secret, users.a.uid, users.a.gid)
+    secret.chmod(0o600)
+    os.utime(secret, (1_000_000, 1_000_000))
+    as_user(users.a, _victim_publishes, str(store))
+    as_user(users.b, _attacker_links, str(store), str(secret))
+    before = (secret.read_bytes(), secret.stat().st_mode, secret.stat().st_mtime, secret.stat().st_atime)
+    out = owned_dir(users.scratch / "hardlink-out", users.a, 0o700)
+    result = as_user(users.a, _victim_works, str(store), str(out / "export.tar.gz"))
+    st = secret.stat()
+    assert (secret.read_bytes(), st.st_mode, st.st_mtime, st.st_atime) == before
+    assert TOKEN.encode() not in gzip.decompress(result["archive"])
