@@ -290,3 +290,61 @@ def test_hard_links_to_the_victims_file_are_never_written_touched_or_exported(
     st = secret.stat()
     assert (secret.read_bytes(), st.st_mode, st.st_mtime, st.st_atime) == before
     assert TOKEN.encode() not in gzip.decompress(result["archive"])
+
+
+# ---------------------------------------------------------------------------------------------
+# 4: numbers in a record a member wrote: finite and bounded before use or write-back
+
+
+def _cli_as_victim(store: str, *argvs: list[str]) -> list[tuple[int, str, str]]:
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from compile_cache import cli
+
+    _as_group("fcntl")
+    runs = []
+    for argv in argvs:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli.main([*argv, "--cache-dir", store])
+        runs.append((code, out.getvalue(), err.getvalue()))
+    return runs
+
+
+def _attacker_writes_shards(store: str) -> None:
+    stats = Layout(Path(store)).stats_dir
+    for n in range(8):
+        odd = ('{"hits": NaN, "misses": Infinity, "stored_bytes": 1e308, "seconds_saved": -Infinity}'
+               if n % 2 else '{"stored_bytes": 1e308, "errors_by_kind": {"x": 1e400}, "publishes": 1}')
+        (stats / f"shard-{n}.json").write_text(odd)
+
+
+def _victim_publishes_after(store: str) -> dict:
+    _as_group("fcntl")
+    opened = Store(store)
+    opened.publish("cd" * 16, {"inductor/y": b"z" * 64})
+    return opened.stats()
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise ValueError(f"{name} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_or_absurd_numbers_in_a_members_stats_shard_never_break_or_leak(users: Users) -> None:
+    store = _group_store(users, "nan-store")
+    as_user(users.a, _victim_publishes, str(store))
+    as_user(users.b, _attacker_writes_shards, str(store))
+    stats = as_user(users.a, _victim_publishes_after, str(store))  # was ValueError: Out of range
+    assert stats["publishes"] >= 1 and stats["errors"] >= 1  # the bad shards counted as garbage
+    (listed, verify, again) = as_user(users.a, _cli_as_victim, str(store), ["stats", "--json"],
+                                      ["verify", "--fix"], ["stats", "--json"])
+    assert listed[0] == 0, listed
+    data = _strict(listed[1])  # was NaN and Infinity: not JSON
+    assert all(not isinstance(v, float) or abs(v) <= 2**53 for v in data.values()), data
+    assert verify[0] in (0, 1) and "Traceback" not in verify[2], verify  # was OverflowError
+    for shard in Layout(store).stats_dir.glob("shard-*.json"):  # fixed: only counts left
+        assert "NaN" not in shard.read_text() and "e308" not in shard.read_text()
+    assert again[0] == 0 and _strict(again[1])["stored_bytes"] < 2**53

@@ -20,6 +20,7 @@ from .._paths import is_temp_name
 from ..errors import CorruptPackError, UnsafeStorePathError
 from ..locks.scan import break_stale_lock_at, is_lock_leftover, is_lock_name, is_stale_at
 from ._io import check_seconds, errno_name
+from .counters import bad_counts
 from .maintenance import QUARANTINE_KEEP, compact, prune_quarantine, remove_entry_dir, total_size
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .parts import StoreParts
@@ -208,7 +209,8 @@ class _Scan:
                         self.report.orphaned_temp.append(path)
                         self.remove_later(path)
                     continue
-                if self.fs.read_json(path)[1]:
+                data, garbage = self.fs.read_json(path)
+                if garbage or (data is not None and bad_counts(data)):
                     self.report.bad_stats.append(path)
                     self.remove_later(path)
 
