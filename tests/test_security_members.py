@@ -348,3 +348,45 @@ def test_non_finite_or_absurd_numbers_in_a_members_stats_shard_never_break_or_le
     for shard in Layout(store).stats_dir.glob("shard-*.json"):  # fixed: only counts left
         assert "NaN" not in shard.read_text() and "e308" not in shard.read_text()
     assert again[0] == 0 and _strict(again[1])["stored_bytes"] < 2**53
+
+
+# ---------------------------------------------------------------------------------------------
+# 5: a member's text in the store never reaches the victim's terminal raw
+
+OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
+
+
+def _poison(value):
+    if isinstance(value, str):
+        return value + OSC52
+    if isinstance(value, dict):
+        return {k: _poison(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_poison(v) for v in value]
+    return value
+
+
+def _attacker_writes_escapes(store: str) -> None:
+    layout = Layout(Path(store))
+    entry = layout.entry_json(KEY)
+    record = _poison(json.loads(entry.read_text()))
+    record.setdefault("model", "m" + OSC52)
+    tmp = entry.with_name(".evil")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, entry)
+    layout.misses_dir.mkdir(exist_ok=True)
+    miss = {"key": KEY, "time": time.time(), "host": "h" + OSC52, "pid": 1, "reason": "r" + OSC52,
+            "record": _poison({"model": "net", "torch": "2.13", "fields": {"x": "y"}})}
+    layout.miss_file(KEY).write_text(json.dumps(miss))
+
+
+def test_terminal_escapes_in_a_members_entry_or_miss_record_are_shown_escaped(users: Users) -> None:
+    store = _group_store(users, "escape-store")
+    as_user(users.a, _victim_publishes, str(store))
+    as_user(users.b, _attacker_writes_escapes, str(store))
+    runs = as_user(users.a, _cli_as_victim, str(store), ["ls"], ["ls", "-v"], ["explain"],
+                   ["doctor"])
+    shown = "".join(out + err for _code, out, err in runs)
+    assert "\x1b" not in shown and "\x07" not in shown, [r for r in runs if "\x1b" in r[1] + r[2]]
+    assert "\\x1b]52" in shown  # what was there is shown, escaped
+    assert all(code in (0, 1) for code, _out, _err in runs), [(c, e[-300:]) for c, _o, e in runs]
