@@ -390,3 +390,78 @@ def test_terminal_escapes_in_a_members_entry_or_miss_record_are_shown_escaped(us
     assert "\x1b" not in shown and "\x07" not in shown, [r for r in runs if "\x1b" in r[1] + r[2]]
     assert "\\x1b]52" in shown  # what was there is shown, escaped
     assert all(code in (0, 1) for code, _out, _err in runs), [(c, e[-300:]) for c, _o, e in runs]
+
+
+# ---------------------------------------------------------------------------------------------
+# 6: a truncated archive, a bad miss record, a held eviction lock
+
+
+def _truncated_copy(archive: str, out: str) -> None:
+    data = Path(archive).read_bytes()
+    Path(out).write_bytes(data[: len(data) // 2])
+
+
+def test_a_truncated_archive_is_one_line_and_exit_2(users: Users) -> None:
+    store = _group_store(users, "archive-store")
+    as_user(users.a, _victim_publishes, str(store))
+    drop = owned_dir(users.scratch / "archive-drop", users.b, 0o755)
+    as_user(users.a, _cli_as_victim, str(store), ["export", str(store.parent / "all.tar.gz")])
+    as_user(users.b, _truncated_copy, str(store.parent / "all.tar.gz"), str(drop / "cut.tar.gz"))
+    ((code, out, err),) = as_user(users.a, _cli_as_victim, str(store), ["import", str(drop / "cut.tar.gz")])
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert "not a readable tar archive" in err
+
+
+def _attacker_writes_bad_miss(store: str) -> None:
+    misses = Layout(Path(store)).misses_dir
+    misses.mkdir(exist_ok=True)
+    (misses / "zz.json").write_text(json.dumps({"key": "../../not-hex", "time": 1.0, "reason": "r"}))
+
+
+def test_doctor_reports_a_members_bad_miss_record_and_goes_on(users: Users) -> None:
+    store = _group_store(users, "miss-store")
+    as_user(users.a, _victim_publishes, str(store))
+    as_user(users.b, _attacker_writes_bad_miss, str(store))
+    ((code, out, err), (jcode, jout, _)) = as_user(users.a, _cli_as_victim, str(store), ["doctor"],
+                                                    ["doctor", "--json"])
+    assert code == 1 and "Traceback" not in err, (code, err)  # was exit 2 on "cache key must be"
+    assert "miss record zz.json is skipped: its key '../../not-hex' is not a cache key" in out
+    assert "Local cache dirs" in out  # and the rest of the report after it
+    assert jcode == 1 and json.loads(jout)["store"]["bad_miss_records"][0]["file"] == "zz.json"
+
+
+def _victim_publishes_over_cap(store: str) -> dict:
+    _as_group("fcntl")
+    opened = Store(store, max_size=10_000)
+    started = time.monotonic()
+    for i in range(8):
+        opened.publish(f"{i:02x}" * 16, {"inductor/x": os.urandom(4000)})
+    return {"seconds": time.monotonic() - started, "size": opened.stats()["size"]}
+
+
+def test_a_member_holding_the_eviction_lock_does_not_turn_the_size_cap_off(users: Users) -> None:
+    store = _group_store(users, "cap-store")
+    as_user(users.a, _victim_publishes, str(store))
+    holder = start_as_user(users.b, _attacker_holds_evict, str(store), time.time() + 120)
+    try:
+        deadline = time.monotonic() + 30
+        while not (store / "held").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        result = as_user(users.a, _victim_publishes_over_cap, str(store), timeout=120)
+        ((code, out, _err),) = as_user(users.a, _cli_as_victim, str(store), ["doctor"])
+    finally:
+        holder.kill()
+    assert result["size"] <= 10_000, result  # was 8 packs kept: over the cap
+    assert result["seconds"] < 60  # each over-cap publish waits a bounded time for the lock
+    assert "eviction lock" in out and "held by" in out
+
+
+def _attacker_holds_evict(store: str, hold_until: float) -> None:
+    import fcntl
+
+    fd = os.open(Layout(Path(store)).locks_dir / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    os.write(fd, b"attacker:1:1.0\n")
+    Path(store, "held").touch()
+    while time.time() < hold_until:
+        time.sleep(0.05)

@@ -328,6 +328,12 @@ class Store:
         """
         return self._ops.lock(key, timeout, wait_alive)
 
+    def evict_lock_holder(self) -> str | None:
+        """Who holds the lock of the size cap's eviction now (``host:pid``, its heartbeat's
+        age), or None when it is free (``doctor``: a lock held for long is worth a look; a
+        publisher over the cap waits for it a bounded time, then evicts without it)."""
+        return self._local.evict_lock_holder()
+
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
         """The :class:`EntryInfo` of ``key``, or ``None`` if it has no entry directory."""
