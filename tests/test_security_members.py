@@ -465,3 +465,20 @@ def _attacker_holds_evict(store: str, hold_until: float) -> None:
     Path(store, "held").touch()
     while time.time() < hold_until:
         time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7: doctor says which lock mode the store's filesystem gets and whether renames are safe
+
+
+def test_doctor_says_the_lock_mode_and_whether_a_members_renames_are_safe(users: Users) -> None:
+    store = _group_store(users, "doctor-store")
+    as_user(users.a, _victim_publishes, str(store))
+    ((code, out, err), (_jc, jout, _je)) = as_user(users.b, _cli_as_victim, str(store), ["doctor"],
+                                                    ["doctor", "--json"])
+    assert "Traceback" not in err
+    assert "lock mode       fcntl (COMPILE_CACHE_LOCK=fcntl)" in out
+    assert "member renames  yes: every step works relative to a directory descriptor" in out
+    data = json.loads(jout)["store"]
+    assert data["lock_mode"] == "fcntl" and data["member_renames"]["safe"] is True
+    assert not list(Layout(store).locks_dir.glob(".link-probe-*"))  # the probe cleaned up

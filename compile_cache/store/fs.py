@@ -130,6 +130,37 @@ class StoreFS:
 
         return opener
 
+    def rename_safety(self, directory: PathLike) -> tuple[bool | None, str]:
+        """Whether this store is safe against another member's renames, and why (``doctor``):
+        probed in ``directory`` (the locks dir) on this filesystem. Every store step, locks
+        included, is relative to a directory descriptor and opens with ``O_NOFOLLOW``, so a name
+        a member swaps for a link is refused, never followed; this checks that the filesystem
+        really refuses it (a link made and opened here). None: not probed (read-only, absent)."""
+        if self.read_only:
+            return None, "not probed: the store is read-only here"
+        name = f".link-probe-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            with self.directory(directory) as dfd:
+                os.symlink("link-probe-target", name, dir_fd=dfd)
+                try:
+                    try:
+                        os.close(os.open(name, _FILE_FLAGS | os.O_CREAT, 0o600, dir_fd=dfd))
+                    except OSError as exc:
+                        if exc.errno in _LINK_ERRNOS:
+                            return True, ("yes: every step works relative to a directory descriptor "
+                                          "and this filesystem refuses a link opened with O_NOFOLLOW; "
+                                          "a file is written only with one link and this user's owner")
+                        return None, f"not probed: {exc.strerror or exc}"
+                    with contextlib.suppress(OSError):
+                        os.unlink("link-probe-target", dir_fd=dfd)
+                    return False, ("NO: this filesystem followed a link opened with O_NOFOLLOW; "
+                                   "a member could redirect this store's writes (use another filesystem)")
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=dfd)
+        except OSError as exc:
+            return None, f"not probed: {exc.strerror or exc}"
+
     # -- paths -----------------------------------------------------------------------------------
     def parts(self, path: PathLike) -> tuple[str, ...]:
         """``path``'s names below the root; a path outside the store, or with ``..``, is refused."""
