@@ -142,14 +142,18 @@ class LockHolder:
 
     @classmethod
     def parse(cls, text: str) -> LockHolder | None:
-        """Parse ``host:pid:time[:namespace]``; ``None`` for anything else (empty, partial, garbage)."""
+        """Parse ``host:pid:time[:namespace]``; ``None`` for anything else (empty, partial,
+        garbage, a time that is not a finite number)."""
         parts = text.strip().split(":")
         if len(parts) not in (3, 4) or not parts[0]:
             return None
         try:
-            return cls(parts[0], int(parts[1]), float(parts[2]), parts[3] if len(parts) == 4 else "")
+            when = float(parts[2])
+            holder = cls(parts[0], int(parts[1]), when, parts[3] if len(parts) == 4 else "")
         except ValueError:
             return None
+        # A heartbeat of NaN or inf (a record another member wrote) would look fresh for ever.
+        return holder if math.isfinite(when) else None
 
 
 def _pid_alive(pid: int) -> bool:
