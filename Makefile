@@ -18,6 +18,9 @@ AZURITE_DIR := $(VENV)/azurite
 # file's module fixtures in one process). Most of the suite's time is Inductor compiles in child
 # processes, so two workers on two cores take ~0.6x the serial time. TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 2
+# sshfs and sshd for the network-filesystem test (tests/test_store_network_fs.py mounts a
+# loopback sshd twice); installed with apt-get when missing (sudo unless root).
+APT ?= $(if $(filter 0,$(shell id -u)),,sudo )apt-get
 
 .PHONY: install demo test lint bench clean
 
@@ -33,6 +36,10 @@ $(STAMP): $(SOURCES)
 	  && grep -q '"version": "$(AZURITE_VERSION)"' $(AZURITE_DIR)/node_modules/azurite/package.json \
 	  || npm install --prefix $(AZURITE_DIR) --no-audit --no-fund --save-exact --loglevel=error \
 	       azurite@$(AZURITE_VERSION)
+	@{ command -v sshfs && { command -v sshd || test -x /usr/sbin/sshd; }; } >/dev/null \
+	  || $(APT) install -y -qq sshfs openssh-server >/dev/null 2>&1 \
+	  || { $(APT) update -qq >/dev/null && $(APT) install -y -qq sshfs openssh-server >/dev/null; } \
+	  || echo "could not install sshfs and openssh-server: tests/test_store_network_fs.py needs them"
 	touch $(STAMP)
 
 demo: install

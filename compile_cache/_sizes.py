@@ -101,7 +101,10 @@ def parse_age(value: str | int | float, *, name: str = "age") -> float:
 
 def format_age(seconds: float) -> str:
     """``seconds`` for people, one unit, rounded down: ``"40s"``, ``"12m"``, ``"5h"``, ``"3d"``."""
-    seconds = max(0.0, float(seconds))
+    seconds = float(seconds)
+    if not math.isfinite(seconds):  # a time read from another writer's record: not trusted
+        return "?"
+    seconds = max(0.0, seconds)
     for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"

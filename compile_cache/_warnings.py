@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 
-from .redact import redact
+from .redact import shown
 
 __all__ = ["warn"]
 
@@ -56,5 +56,6 @@ def user_stacklevel() -> int:
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the first frame of user code, with
-    every credential redacted (:func:`~compile_cache.redact.redact`)."""
-    warnings.warn(redact(message), category, stacklevel=user_stacklevel())
+    every credential redacted and every control character but newline and tab escaped
+    (:func:`~compile_cache.redact.shown`: a store's text may hold terminal escapes)."""
+    warnings.warn(shown(message), category, stacklevel=user_stacklevel())

@@ -20,7 +20,7 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["SECRET_VARIABLES", "RedactingFilter", "check_credential", "one_line", "redact"]
+__all__ = ["SECRET_VARIABLES", "RedactingFilter", "check_credential", "one_line", "redact", "shown"]
 
 #: Variables whose values are secrets wherever they appear.
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
@@ -35,6 +35,9 @@ _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s\"'<>]*@")
 _SIGNATURE = re.compile(r"(Credential=|Signature=|x-amz-security-token[:=]\s*|AccountKey=|"
                         r"SharedAccessSignature=|[?&]sig=)[^\s,;\"'&]+", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: What a terminal could act on (an escape sequence: OSC 52 sets the clipboard, CSI moves the
+#: cursor): C0 controls but newline and tab, DEL, C1 controls (``\x9b`` is a one-byte CSI).
+_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _HIDDEN = "***"
 
 
@@ -59,6 +62,13 @@ def redact(text: object) -> str:
     return out
 
 
+def shown(text: object) -> str:
+    """:func:`redact` of ``text`` as it may reach a terminal: every control character but
+    newline and tab escaped as ``\\x1b`` (text read from a store or a server may hold escape
+    sequences a terminal would act on)."""
+    return _TERMINAL_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redact(text))
+
+
 def one_line(text: object, limit: int = 500) -> str:
     """:func:`redact` of ``text`` on one line: control characters (newlines included) escaped,
     at most ``limit`` characters (a server's error text, before it goes into a warning)."""
@@ -80,14 +90,15 @@ def check_credential(name: str, value: str | None) -> str | None:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts each record's message (installed on the package logger)."""
+    """A logging filter that redacts each record's message and escapes its control characters
+    (:func:`shown`; installed on the package logger)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a record whose arguments do not format: left to logging
             return True
-        clean = redact(message)
+        clean = shown(message)
         if clean != message:
             record.msg, record.args = clean, None
         return True

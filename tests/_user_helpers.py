@@ -141,3 +141,43 @@ def preload() -> None:
     import compile_cache.distributed.protocol  # noqa: F401
     import compile_cache.local_dirs  # noqa: F401
     import compile_cache.recovery  # noqa: F401
+
+
+@dataclass
+class Running:
+    """A function running as a user in a forked child (:func:`start_as_user`)."""
+
+    user: User
+    proc: Any
+    out: Any
+
+    def result(self, timeout: float) -> Any:
+        """Its return value; AssertionError with its traceback if it raised, or if it has not
+        returned within ``timeout`` seconds (then it is killed)."""
+        import queue
+
+        try:
+            status, value = self.out.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise AssertionError(f"as user {self.user.name}: no result within {timeout:g} s") from None
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+        if status != "ok":
+            raise AssertionError(f"as user {self.user.name}:\n{value}")
+        return value
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+
+
+def start_as_user(user: User, fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Running:
+    """``fn(*args)`` started as ``user`` in a forked child, running beside the caller (an
+    attacker's loop while the victim works): :meth:`Running.result` collects it."""
+    out = FORK.Queue()
+    proc = FORK.Process(target=_child, args=(user, dict(env or {}), fn, args, out))
+    proc.start()
+    return Running(user, proc, out)

@@ -328,3 +328,10 @@ def test_a_live_holder_whose_clock_ran_ahead_keeps_its_lock_while_it_beats(tmp_p
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_holder_record_with_a_heartbeat_that_is_no_finite_number_is_no_holder() -> None:
+    # Another member's record "host:pid:nan" would otherwise look fresh for ever (its age is 0).
+    for bad in ("othernode:1:nan:ns", "othernode:1:inf", "othernode:1:-inf:ns", "othernode:1:1e999"):
+        assert LockHolder.parse(bad) is None, bad
+    assert LockHolder.parse("othernode:1:1.5:ns") == LockHolder("othernode", 1, 1.5, "ns")

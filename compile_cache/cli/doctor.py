@@ -246,7 +246,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 "signed": store.signing_key is not None, "signer": store.signer,
                 "signature_mismatch": st["signature_mismatch"], "untrusted": st["untrusted"],
                 "load_failures": st["load_failures"], "lock_fallbacks": st["lock_fallbacks"],
+                "bad_miss_records": [{"file": n, "why": why} for n, why in misses.bad_records(store)],
+                "evict_lock_holder": store.evict_lock_holder(),
             }
+            renames_safe, renames_why = store.rename_safety()
+            store_state["member_renames"] = {"safe": renames_safe, "why": renames_why}
+            if renames_safe is False:
+                problems.append(f"member renames: {renames_why}")
+            for bad in store_state["bad_miss_records"]:
+                problems.append(f"miss record {bad['file']} is skipped: {bad['why']} (remove it)")
         except CompileCacheError as exc:
             problems.append(f"store unusable: {exc}")
     elif not store_problems and not (remote and remote["problem"]):
@@ -310,6 +318,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             signing += (f"; {store_state['signature_mismatch']} loads skipped a pack signed with another "
                         "key or unsigned (a miss for that reader only, the pack is left in place)")
         rows.append(("signing", signing))
+        rows.append(("member renames", store_state["member_renames"]["why"]))
+        holder = store_state["evict_lock_holder"]
+        rows.append(("eviction lock", f"held by {holder} (a publisher over the cap waits a few seconds "
+                     "for it, then evicts without it)" if holder else "free"))
         rows.append(("refused", f"{store_state['untrusted']} untrusted dirs/packs, "
                      f"{store_state['load_failures']} packs torch could not load, "
                      f"{store_state['lock_fallbacks']} lock fallbacks"))

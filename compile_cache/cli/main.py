@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CompileCacheError
-from ..redact import one_line, redact
+from ..redact import one_line, shown
 from .job import MODE_HELP, add_job_arguments
 from .output import PROG
 
@@ -203,13 +203,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 class _Redacting:
-    """A text stream that writes what it is given with every credential redacted."""
+    """A text stream that writes what it is given with every credential redacted and every
+    control character but newline and tab escaped (:func:`~compile_cache.redact.shown`): the
+    store's text (an ``entry.json``, a miss record) never reaches the terminal raw."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        self._stream.write(redact(text))
+        self._stream.write(shown(text))
         return len(text)
 
     def __getattr__(self, name: str) -> Any:

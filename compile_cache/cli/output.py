@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -35,8 +36,21 @@ class UsageError(CompileCacheError):
     """Bad command-line input: one line on stderr, exit code 2."""
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with every float that is not finite (NaN, inf) as None: JSON has no such
+    numbers, and a reader of ``--json`` must be able to parse what it gets."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
 def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """``data`` as strict JSON (never ``NaN`` or ``Infinity``) on stdout."""
+    print(json.dumps(_finite(data), indent=2, sort_keys=True, default=str, allow_nan=False))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int] | None = None) -> str:

@@ -44,6 +44,7 @@ from .base import DEFAULT_STALE_AFTER, LOCAL_NAMESPACE, BaseLock, LockHolder, No
 from .fcntl_lock import FcntlLock, FlockLock
 from .mkdir_lock import MkdirLock
 from .modes import LOCK_MODES, NETWORK_FILESYSTEMS, filesystem_type, lock_mode_for
+from .ondisk import DirOpener
 from .scan import break_stale_lock, is_stale
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "LOCK_MODES",
     "NETWORK_FILESYSTEMS",
     "BaseLock",
+    "DirOpener",
     "FileLock",
     "LockHolder",
     "break_stale_lock",
@@ -84,12 +86,15 @@ def make_lock(
     dir_mode: int = 0o700,
     file_mode: int = 0o600,
     wait_alive: float | None = None,
+    directory: DirOpener | None = None,
 ) -> BaseLock:
     """The lock on ``base`` (a path without suffix) with the strategy for ``mode``.
 
     ``mode=None`` picks :func:`lock_mode_for` of ``base``'s directory; an unknown mode raises
     :class:`ConfigError`. ``timeout=None`` waits forever; ``0`` tries once. ``wait_alive``: go on
     waiting past ``timeout`` while the holder's heartbeat is fresh, up to that many seconds in all.
+    ``directory`` opens the directory the lock lives in (a store passes its file layer's, which
+    follows no link); by default ``base``'s parent is opened by its path.
     """
     if mode is None:
         mode, reason = lock_mode_for(Path(base).parent)
@@ -100,7 +105,7 @@ def make_lock(
     return _STRATEGIES[mode](
         base, timeout=timeout, stale_after=stale_after, poll_interval=poll_interval,
         wait_log_interval=wait_log_interval, dir_mode=dir_mode, file_mode=file_mode,
-        reason=reason, wait_alive=wait_alive,
+        reason=reason, wait_alive=wait_alive, directory=directory,
     )
 
 

@@ -36,6 +36,7 @@ from .. import config
 from .._paths import HOSTNAME
 from ..errors import LockTimeoutError
 from .observe import CLOCK_SKEW, unchanged_for
+from .ondisk import DirOpener, path_directory, read_record
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
@@ -47,6 +48,7 @@ __all__ = [
     "LockHolder",
     "NoLock",
     "read_holder",
+    "read_holder_at",
 ]
 
 logger = logging.getLogger("compile_cache")
@@ -140,14 +142,18 @@ class LockHolder:
 
     @classmethod
     def parse(cls, text: str) -> LockHolder | None:
-        """Parse ``host:pid:time[:namespace]``; ``None`` for anything else (empty, partial, garbage)."""
+        """Parse ``host:pid:time[:namespace]``; ``None`` for anything else (empty, partial,
+        garbage, a time that is not a finite number)."""
         parts = text.strip().split(":")
         if len(parts) not in (3, 4) or not parts[0]:
             return None
         try:
-            return cls(parts[0], int(parts[1]), float(parts[2]), parts[3] if len(parts) == 4 else "")
+            when = float(parts[2])
+            holder = cls(parts[0], int(parts[1]), when, parts[3] if len(parts) == 4 else "")
         except ValueError:
             return None
+        # A heartbeat of NaN or inf (a record another member wrote) would look fresh for ever.
+        return holder if math.isfinite(when) else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -168,22 +174,30 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def read_holder_at(dfd: int, name: str) -> LockHolder | None:
+    """The holder recorded in the lock file or lock directory ``name`` of the directory open
+    at ``dfd``; None if absent, unreadable, or not a regular file (never blocks, never follows
+    a link)."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+    raw = read_record(dfd, name, OWNER_FILE if stat.S_ISDIR(st.st_mode) else None)
+    return None if raw is None else LockHolder.parse(raw.decode("utf-8", errors="replace"))
+
+
 def read_holder(lock_path: str | os.PathLike[str]) -> LockHolder | None:
-    """The holder recorded in a lock file or lock directory; ``None`` if absent or unreadable."""
+    """The holder recorded in a lock file or lock directory given by path; ``None`` if absent
+    or unreadable (:func:`read_holder_at` in its directory)."""
     path = Path(lock_path)
-    target = path / OWNER_FILE if path.is_dir() else path
-    try:  # non-blocking, no link: a FIFO planted as a lock record never hangs its reader
-        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return LockHolder.parse(os.read(fd, 200).decode("utf-8", errors="replace"))
-    except OSError:
-        return None
+        return read_holder_at(dfd, path.name)
     finally:
-        os.close(fd)
+        os.close(dfd)
 
 
 class _Heartbeat:
@@ -278,8 +292,14 @@ class BaseLock:
         file_mode: int = 0o600,
         reason: str = "requested",
         wait_alive: float | None = None,
+        directory: DirOpener | None = None,
     ) -> None:
         self.base = Path(base)
+        #: Opens the directory the lock lives in (the store's file layer for its locks, else
+        #: the caller's own path): every step works relative to it, never through a path.
+        self.directory: DirOpener = (
+            directory if directory is not None else path_directory(self.base.parent, dir_mode)
+        )
         self.reason: str = reason
         self.timeout = timeout
         self.stale_after = stale_after
@@ -322,7 +342,11 @@ class BaseLock:
 
     def holder(self) -> LockHolder | None:
         """Who holds the lock on disk now (possibly this process), if recorded."""
-        return read_holder(self.path)
+        try:
+            with self.directory() as dfd:
+                return read_holder_at(dfd, self.path.name)
+        except OSError:
+            return None
 
     @property
     def heartbeat_interval(self) -> float:
@@ -336,8 +360,13 @@ class BaseLock:
             return True
         # A heartbeat time in the future is not trusted: fresh only while the record changes,
         # as this process's own clock sees it.
-        record = self.path / OWNER_FILE if self.path.is_dir() else self.path
-        return holder.age == math.inf and unchanged_for(record) <= self.stale_after
+        if holder.age != math.inf:
+            return False
+        try:
+            with self.directory() as dfd:
+                return unchanged_for(dfd, self.path) <= self.stale_after
+        except OSError:
+            return False
 
     def beat(self) -> bool:
         """One heartbeat (the heartbeat thread); False when the lock is no longer ours."""
@@ -374,12 +403,25 @@ class BaseLock:
             _heartbeat.add(self)
         return self
 
+    def _try_bounded(self) -> bool:
+        """:meth:`try_once`, whose I/O errors (a lock file another user made and nobody may
+        replace, a locks directory that is a link, EROFS) are a :class:`LockTimeoutError`: the
+        one error :meth:`acquire` documents, and the one every caller goes on without."""
+        try:
+            return self.try_once()
+        except LockTimeoutError:
+            raise
+        except OSError as exc:
+            raise LockTimeoutError(
+                f"could not take lock {self.path} ({self.mode}): {type(exc).__name__}: {exc}"
+            ) from exc
+
     def _wait_on_disk(self, deadline: float | None, timeout: float | None) -> None:
         started = time.monotonic()
         next_log = started + self.wait_log_interval
         unrecorded_since: float | None = None  # when the holder's record was first seen missing
         while True:
-            if self.try_once():
+            if self._try_bounded():
                 return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -423,15 +465,6 @@ class BaseLock:
             if deadline is not None:
                 sleep = min(sleep, max(0.0, deadline - now))
             time.sleep(sleep)
-
-    def _ensure_parent(self) -> None:
-        parent = self.path.parent
-        if not parent.is_dir():
-            os.makedirs(parent, mode=self.dir_mode, exist_ok=True)
-            try:
-                os.chmod(parent, self.dir_mode)  # exact, whatever the umask (group mode: 2775)
-            except OSError:
-                pass
 
     def _new_holder(self) -> bytes:
         """The holder record this process writes into the lock: ``host:pid:time:namespace``."""

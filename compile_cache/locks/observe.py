@@ -14,6 +14,8 @@ import stat
 import threading
 import time
 
+from .ondisk import open_lockdir, open_record
+
 __all__ = ["CLOCK_SKEW", "unchanged_for"]
 
 #: A heartbeat time up to this far ahead of this host's clock is ordinary skew; further ahead it
@@ -22,31 +24,49 @@ CLOCK_SKEW = 5.0
 #: record path -> (the record as last seen, when this process first saw it so: monotonic)
 _seen: dict[str, tuple[object, float]] = {}
 _seen_lock = threading.Lock()
+#: The holder record inside a lock directory (the same name as ``base.OWNER_FILE``).
+OWNER = "owner"
 
 
-def _state(record: str | os.PathLike[str]) -> object:
-    """The record's inode, mtime, size and first bytes (non-blocking, no link): what changes
-    when a holder beats."""
+def _state(dfd: int, name: str) -> object:
+    """The lock ``name``'s inode, mtime and size, and its record's (a lock directory's owner
+    file, or the lock file itself) with the record's first bytes: what changes when a holder
+    beats. Non-blocking, no link followed."""
     try:
-        fd = os.open(record, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
+    own = (st.st_ino, st.st_mtime_ns, st.st_size)
+    if stat.S_ISDIR(st.st_mode):
+        where = open_lockdir(dfd, name)
+        if where is None:
+            return own
+        record_name = OWNER
+    else:
+        where, record_name = dfd, name
     try:
-        st = os.fstat(fd)
-        head = os.read(fd, 200) if stat.S_ISREG(st.st_mode) else b""
-        return (st.st_ino, st.st_mtime_ns, st.st_size, head)
-    except OSError:
-        return None
+        fd = open_record(where, record_name)
+        if fd is None:
+            return own
+        try:
+            rst = os.fstat(fd)
+            return (own, rst.st_ino, rst.st_mtime_ns, rst.st_size, os.read(fd, 200))
+        except OSError:
+            return own
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        if where != dfd:
+            os.close(where)
 
 
-def unchanged_for(record: str | os.PathLike[str]) -> float:
-    """Seconds, on this process's own monotonic clock, since the lock record at ``record`` last
-    changed as far as this process has looked: 0 at the first look."""
-    state = _state(record)
+def unchanged_for(dfd: int, lock_path: str | os.PathLike[str]) -> float:
+    """Seconds, on this process's own monotonic clock, since the lock at ``lock_path`` (its name
+    looked up in the directory open at ``dfd``) last changed as far as this process has looked:
+    0 at the first look."""
+    state = _state(dfd, os.path.basename(os.fspath(lock_path)))
     now = time.monotonic()
-    key = os.path.abspath(record)
+    key = os.path.abspath(lock_path)
     with _seen_lock:
         previous = _seen.get(key)
         if previous is None or previous[0] != state:

@@ -8,7 +8,9 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .._paths import HOSTNAME
@@ -18,16 +20,23 @@ from .base import (
     LOCKDIR_SUFFIX,
     OWNER_FILE,
     read_holder,
+    read_holder_at,
 )
 from .observe import CLOCK_SKEW, unchanged_for
+from .ondisk import CLOEXEC, open_lockdir, open_record
 
 __all__ = [
+    "aside_name",
     "break_stale_lock",
+    "break_stale_lock_at",
     "heartbeat_age",
+    "heartbeat_age_at",
     "is_lock_leftover",
     "is_lock_name",
     "is_stale",
+    "is_stale_at",
     "read_holder",
+    "remove_at",
 ]
 
 logger = logging.getLogger("compile_cache")
@@ -47,19 +56,50 @@ def is_lock_leftover(name: str) -> bool:
     return STALE_INFIX in name or RELEASE_INFIX in name
 
 
+@contextlib.contextmanager
+def _parent_of(lock_path: str | os.PathLike[str]) -> Iterator[int]:
+    """The directory of a lock given by the caller's own path."""
+    fd = os.open(Path(lock_path).parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _lstat(dfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
 def heartbeat_age(lock_dir: str | os.PathLike[str]) -> float | None:
-    """Seconds since the holder of a ``mkdir`` lock last showed it is alive: the newer of the
-    time recorded in its owner file and that file's mtime (a holder's heartbeat refreshes
-    them), each only if it is not in the future (beyond :data:`CLOCK_SKEW`). None when there
-    is no readable owner file, or when every time it has is in the future."""
-    path = Path(lock_dir)
-    holder = read_holder(path)
+    """:func:`heartbeat_age_at` of a lock directory given by path."""
+    try:
+        with _parent_of(lock_dir) as dfd:
+            return heartbeat_age_at(dfd, Path(lock_dir).name)
+    except OSError:
+        return None
+
+
+def heartbeat_age_at(dfd: int, name: str) -> float | None:
+    """Seconds since the holder of the ``mkdir`` lock ``name`` (in the directory open at
+    ``dfd``) last showed it is alive: the newer of the time recorded in its owner file and that
+    file's mtime (a holder's heartbeat refreshes them), each only if it is not in the future
+    (beyond :data:`CLOCK_SKEW`). None when there is no readable owner file, or when every time
+    it has is in the future."""
+    holder = read_holder_at(dfd, name)
     if holder is None:
         return None
-    try:
-        mtime = os.stat(path / OWNER_FILE).st_mtime
-    except OSError:
-        mtime = holder.time
+    mtime = holder.time
+    sub = open_lockdir(dfd, name)
+    if sub is not None:
+        try:
+            mtime = os.stat(OWNER_FILE, dir_fd=sub, follow_symlinks=False).st_mtime
+        except OSError:
+            pass
+        finally:
+            os.close(sub)
     now = time.time()
     trusted = [t for t in (holder.time, mtime) if t <= now + CLOCK_SKEW]
     return max(0.0, now - max(trusted)) if trusted else None
@@ -69,54 +109,64 @@ def is_stale(
     lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
     one_look: bool = False,
 ) -> bool:
-    """Whether a lock left on disk is stale.
+    """:func:`is_stale_at` of a lock given by path."""
+    try:
+        with _parent_of(lock_path) as dfd:
+            return is_stale_at(dfd, lock_path, stale_after=stale_after, one_look=one_look)
+    except OSError:
+        return False
+
+
+def is_stale_at(
+    dfd: int, lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
+    one_look: bool = False,
+) -> bool:
+    """Whether the lock left on disk at ``lock_path`` (its name in the directory open at
+    ``dfd``: nothing is resolved through a path) is stale.
 
     For a ``.lockdir`` (mkdir lock) this is the breaking rule: its holder is dead in this pid
-    namespace, or its heartbeat (:func:`heartbeat_age`) is older than ``stale_after`` seconds
+    namespace, or its heartbeat (:func:`heartbeat_age_at`) is older than ``stale_after`` seconds
     (``COMPILE_CACHE_LOCK_STALE``, 120 s). A holder on another host or container cannot be asked
     whether it lives, so a dead one costs its waiters ``stale_after`` seconds, not the lock
-    timeout. For a ``.lock`` file
-    (fcntl/flock) the kernel already released it if the holder died, so it is stale (removable
-    garbage) when nobody holds it now and it has not been touched for ``stale_after`` seconds.
+    timeout. For a ``.lock`` file (fcntl/flock) the kernel already released it if the holder
+    died, so it is stale (removable garbage) when nobody holds it now and it has not been
+    touched for ``stale_after`` seconds. A link or anything else is never a stale lock.
 
     A time in the future (a holder whose clock ran ahead) is never trusted: a waiter judges such
     a lock on its own clock, stale once its record has not changed for ``stale_after`` seconds
     (:func:`unchanged_for`); ``one_look`` (``verify``, which does not wait) calls it stale when
     its times are more than ``stale_after`` ahead.
     """
-    path = Path(lock_path)
-    if path.is_dir():
-        holder = read_holder(path)
-        limit = stale_after
+    name = os.path.basename(os.fspath(lock_path))
+    st = _lstat(dfd, name)
+    if st is None:
+        return False
+    limit = stale_after
+    if stat.S_ISDIR(st.st_mode):
+        holder = read_holder_at(dfd, name)
         if holder is None:
-            try:
-                age = time.time() - path.stat().st_mtime
-            except OSError:
-                return False
+            age = time.time() - st.st_mtime
             if age < -CLOCK_SKEW:  # made "in the future": judged by whether it changes
-                return (-age > limit) if one_look else unchanged_for(path) > limit
+                return (-age > limit) if one_look else unchanged_for(dfd, lock_path) > limit
             # An owner file is written microseconds after mkdir: missing for long means a crash.
             return age > limit
         if holder.is_alive() is False:
             return True
-        beat = heartbeat_age(path)
+        beat = heartbeat_age_at(dfd, name)
         if beat is not None:
             return beat > limit
         if one_look:  # every time it has is ahead of ours: by more than the stale age, bogus
             return holder.time - time.time() > limit
-        return unchanged_for(path / OWNER_FILE) > limit
-    try:
-        age = time.time() - path.stat().st_mtime
-    except OSError:
+        return unchanged_for(dfd, lock_path) > limit
+    if not stat.S_ISREG(st.st_mode):
         return False
-    if abs(age) <= stale_after:  # fresh, or in the future by less than the stale age
+    if abs(time.time() - st.st_mtime) <= stale_after:  # fresh, or ahead by less than the stale age
         return False
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
+    fd = open_record(dfd, name)
+    if fd is None:
         return False
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:  # a shared lock can be taken on a read-only descriptor: nobody holds it exclusively
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         return False
     else:
@@ -130,31 +180,66 @@ def break_stale_lock(
     lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
     one_look: bool = False,
 ) -> bool:
-    """Remove the lock at ``lock_path`` if :func:`is_stale`; return whether it was removed.
+    """:func:`break_stale_lock_at` of a lock given by path."""
+    try:
+        with _parent_of(lock_path) as dfd:
+            return break_stale_lock_at(dfd, lock_path, stale_after=stale_after, one_look=one_look)
+    except OSError:
+        return False
+
+
+def aside_name(name: str, infix: str) -> str:
+    """A unique name beside the lock ``name`` for it to be renamed to (broken or released)."""
+    return f"{name}{infix}{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def break_stale_lock_at(
+    dfd: int, lock_path: str | os.PathLike[str], *, stale_after: float = DEFAULT_STALE_AFTER,
+    one_look: bool = False,
+) -> bool:
+    """Remove the lock at ``lock_path`` (its name in the directory open at ``dfd``) if
+    :func:`is_stale_at`; return whether it was removed.
 
     A lock directory is first renamed to a unique name (atomic: of two breakers only one wins),
-    then its owner is re-read; if the lock changed hands in between, it is renamed back.
+    then its owner is re-read; if the lock changed hands in between, it is renamed back. Every
+    step is relative to ``dfd``; what a link points to is never touched.
     """
-    path = Path(lock_path)
-    if not is_stale(path, stale_after=stale_after, one_look=one_look):
+    name = os.path.basename(os.fspath(lock_path))
+    if not is_stale_at(dfd, lock_path, stale_after=stale_after, one_look=one_look):
         return False
-    if not path.is_dir():
+    st = _lstat(dfd, name)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(name, dir_fd=dfd)
             return True
         return False
-    seen = read_holder(path)
-    aside = path.with_name(f"{path.name}{STALE_INFIX}{HOSTNAME}-{os.getpid()}-{secrets.token_hex(4)}")
+    seen = read_holder_at(dfd, name)
+    aside = aside_name(name, STALE_INFIX)
     try:
-        os.rename(path, aside)
+        os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError:
         return False  # somebody else broke it first
-    now = read_holder(aside)
+    now = read_holder_at(dfd, aside)
     if now != seen:  # it was released and re-taken between our check and the rename
         with contextlib.suppress(OSError):
-            os.rename(aside, path)
-            logger.debug("lock %s changed hands while breaking it; put it back", path)
+            os.rename(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            logger.debug("lock %s changed hands while breaking it; put it back", lock_path)
             return False
-    logger.warning("broke stale lock %s held by %s", path, seen or "nobody (no owner file)")
-    shutil.rmtree(aside, ignore_errors=True)
+    logger.warning("broke stale lock %s held by %s", lock_path, seen or "nobody (no owner file)")
+    remove_at(dfd, aside)
     return True
+
+
+def remove_at(dfd: int, name: str) -> None:
+    """Remove ``name`` in the directory open at ``dfd``, a tree or a file; links removed as
+    links, never followed; best effort."""
+    st = _lstat(dfd, name)
+    if st is None:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dfd, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dfd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -78,6 +79,19 @@ def json_depth_ok(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return not brackets
 
 
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON: a record holding one is garbage."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number too large for a float (``1e400``) is garbage, never ``inf``."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
 def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, what: str = "record") -> Any:
     """Parse one JSON record we read from the store (or a bucket), bounded in size and nesting
     depth: any failure is a ``ValueError`` saying why (a skipped record or a counted miss for
@@ -86,7 +100,7 @@ def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, what: str =
     if len(data) > max_bytes:
         raise ValueError(f"{what} of {len(data)} bytes is over the limit of {max_bytes}")
     try:  # the C parser first: it gives up at once on a value nested a million deep
-        value = json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, RecursionError, MemoryError) as exc:
         raise ValueError(f"{what} is not JSON: {type(exc).__name__}") from None
     if (data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH) and not json_depth_ok(data):
@@ -146,7 +160,20 @@ def make_dirs(path: Path, anchor: Path | None, dir_mode: int) -> None:
         except FileExistsError:
             continue
         if ours:
-            os.chmod(directory, dir_mode)
+            _fchmod_new_dir(directory, dir_mode)
+
+
+def _fchmod_new_dir(directory: Path, dir_mode: int) -> None:
+    """Give the directory just made at ``directory`` its exact mode, on a descriptor opened
+    without following a link, and only if it is this user's: never a chmod by path, which
+    would follow a link swapped in since the mkdir."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, dir_mode)
+    finally:
+        os.close(fd)
 
 
 def make_private_dirs(base: Path, parts: tuple[str, ...], group_mode: bool = False) -> bool:

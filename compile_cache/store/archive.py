@@ -20,11 +20,15 @@ most one chunk of it in memory.
 
 from __future__ import annotations
 
+import bz2  # noqa: F401  (bz2 and lzma: what tarfile raises for those archives)
 import contextlib
+import gzip
+import lzma
 import os
 import secrets
 import tarfile
 import time
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
@@ -108,6 +112,11 @@ def export(parts: StoreParts, path: str | os.PathLike[str], keys: Iterable[str] 
     return count
 
 
+#: What reading a damaged archive raises, by compression: a truncated gzip stream EOFError, bad
+#: gzip data zlib.error or BadGzipFile, xz LZMAError, bz2 an OSError without errno.
+_UNREADABLE = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError)
+
+
 def import_archive(parts: StoreParts, max_size: int, path: str | os.PathLike[str]) -> ImportReport:
     """See :meth:`Store.import_archive` (``max_size``: the store's cap, 0 for none).
 
@@ -124,8 +133,12 @@ def import_archive(parts: StoreParts, max_size: int, path: str | os.PathLike[str
     try:
         try:
             staged, keys = _stage(parts, path, staging, max_size or None)
-        except tarfile.TarError as exc:
-            raise CorruptPackError(f"{path} is not a readable tar archive: {exc}") from exc
+        except _UNREADABLE as exc:
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, gzip.BadGzipFile):
+                raise  # a real I/O error (the disk, the store), not the archive's content
+            why = str(exc) or type(exc).__name__
+            raise CorruptPackError(f"{path} is not a readable tar archive (truncated or "
+                                   f"corrupt?): {why}") from exc
         # Everything checked: now move the staged files into place.
         report = ImportReport(keys=keys)
         for kind, name, staged_file in staged:

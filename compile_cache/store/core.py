@@ -328,6 +328,17 @@ class Store:
         """
         return self._ops.lock(key, timeout, wait_alive)
 
+    def rename_safety(self) -> tuple[bool | None, str]:
+        """Whether the store is safe against another group member's renames on its filesystem,
+        and why (:meth:`~.fs.StoreFS.rename_safety`, probed in its locks directory)."""
+        return self.fs.rename_safety(self.layout.locks_dir)
+
+    def evict_lock_holder(self) -> str | None:
+        """Who holds the lock of the size cap's eviction now (``host:pid``, its heartbeat's
+        age), or None when it is free (``doctor``: a lock held for long is worth a look; a
+        publisher over the cap waits for it a bounded time, then evicts without it)."""
+        return self._local.evict_lock_holder()
+
     # -- listing -------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
         """The :class:`EntryInfo` of ``key``, or ``None`` if it has no entry directory."""

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import enum
 import logging
+import math
 import os
 import threading
 import time
@@ -26,7 +27,8 @@ from ._io import json_bytes
 from .fs import StoreFS
 from .layout import Layout
 
-__all__ = ["COUNTERS", "STATS_SHARDS", "Counter", "Counters", "add_counts", "shard_index"]
+__all__ = ["COUNTERS", "MAX_COUNT", "STATS_SHARDS", "Counter", "Counters", "add_counts", "bad_counts",
+           "shard_index"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -85,19 +87,54 @@ def shard_index() -> int:
     return zlib.crc32(f"{HOSTNAME}:{os.getpid()}".encode()) % STATS_SHARDS
 
 
+#: A counter's value beyond this (an integer a float still holds exactly: 2**53, some 9 PB or
+#: 285 million years of seconds) is no count of ours: a shard holding one is garbage.
+MAX_COUNT = float(2**53)
+
+
+def _count(value: object) -> float | int | None:
+    """``value`` if it is a count: a finite number (not a bool) within :data:`MAX_COUNT`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        if not math.isfinite(value) or abs(value) > MAX_COUNT:
+            return None
+    except OverflowError:  # an int too large for a float
+        return None
+    return value
+
+
+def _bounded(value: float) -> float | int:
+    return max(-MAX_COUNT, min(MAX_COUNT, value)) if abs(value) > MAX_COUNT else value
+
+
 def add_counts(into: dict[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]:
     """Adds the known counters of ``delta`` (and ``errors_by_kind``) into ``into``; what a
-    file holds besides them is ignored (a record read back, not a programming error)."""
+    file holds besides them, and any value that is no count (not finite, beyond
+    :data:`MAX_COUNT`), is ignored (a record read back, not a programming error); sums stay
+    within the bound."""
     for name, value in delta.items():
         if name == ERRORS_BY_KIND:
             kinds = into.setdefault(ERRORS_BY_KIND, {})
             if isinstance(value, dict):
                 for kind, n in value.items():
-                    if isinstance(n, (int, float)) and not isinstance(n, bool):
-                        kinds[str(kind)] = kinds.get(str(kind), 0) + n
-        elif name in _NAMES and isinstance(value, (int, float)) and not isinstance(value, bool):
-            into[name] = into.get(name, 0) + value
+                    if _count(n) is not None:
+                        kinds[str(kind)] = _bounded(kinds.get(str(kind), 0) + n)
+        elif name in _NAMES and _count(value) is not None:
+            into[name] = _bounded(into.get(name, 0) + value)
     return into
+
+
+def bad_counts(data: Mapping[str, Any]) -> bool:
+    """Whether a shard read back holds a counter whose value is no count (NaN, infinite,
+    beyond :data:`MAX_COUNT`, not a number): such a shard is garbage, counted and fixed as one."""
+    for name, value in data.items():
+        if name == ERRORS_BY_KIND:
+            if not isinstance(value, dict) or any(_count(n) is None for n in value.values()):
+                return True
+        elif name in _NAMES and _count(value) is None:
+            return True
+    return False
 
 
 def check_names(delta: Mapping[str, Any]) -> None:
@@ -200,6 +237,7 @@ class Counters:
                         self.busy_until[busy_key] = time.monotonic() + BUSY_BACKOFF
                     return  # pending deltas go out with the next update
                 current, garbage = self.fs.read_json(shard)
+                garbage = garbage or (current is not None and bad_counts(current))
                 merged = add_counts({}, current or {})
                 if garbage:
                     logger.warning("compile cache stats file %s was unreadable; counting from zero", shard)
@@ -223,8 +261,10 @@ class Counters:
             if not self.layout.is_stats_shard(name):
                 continue
             data, garbage = self.fs.read_json(stats_dir / name)
-            if garbage:
+            if garbage or (data is not None and bad_counts(data)):
                 add_counts(totals, GARBAGE_SHARD)
+                if data is not None:
+                    add_counts(totals, data)  # what it holds that is a count still counts
             elif data:
                 add_counts(totals, data)
         add_counts(totals, self.pending)

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import stat
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,7 +35,7 @@ from typing import Any, BinaryIO
 from .. import config
 from .._paths import atomic_write
 from ..errors import StoreError, UnsafeStoreError, UnsafeStorePathError
-from ..locks import BaseLock, make_lock
+from ..locks import BaseLock, DirOpener, make_lock
 from ._io import MAX_JSON_BYTES, json_object, make_dirs, warn_once
 from .safety import trust_problem
 
@@ -51,6 +52,17 @@ _FILE_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
 _LINK_ERRNOS = {errno.ELOOP, errno.EMLINK, errno.ENOTDIR, getattr(errno, "EFTYPE", errno.ELOOP)}
 
 PathLike = str | os.PathLike[str] | Iterable[str]
+
+
+def _one_link_soon(fd: int) -> bool:
+    """Whether the file open at ``fd``, seen with a second link, is down to one within a few
+    milliseconds: a first-writer-wins write links its temp file to the name, then removes the
+    temp name; a hard link planted to somebody's file elsewhere stays."""
+    for _ in range(5):
+        time.sleep(0.002)
+        if os.fstat(fd).st_nlink == 1:
+            return True
+    return False
 
 
 class StoreFS:
@@ -99,7 +111,55 @@ class StoreFS:
         usable = self.is_dir(base.parent)
         return make_lock(base, mode=self.lock_mode if usable else "none", timeout=timeout,
                          stale_after=config.LOCK_STALE.value(), wait_alive=wait_alive,
-                         dir_mode=self.dir_mode, file_mode=self.file_mode)
+                         dir_mode=self.dir_mode, file_mode=self.file_mode,
+                         directory=self.directory_opener(base.parent))
+
+    def directory_opener(self, path: PathLike) -> DirOpener:
+        """What a lock opens its directory ``path`` with: :meth:`directory`, the walk from the
+        root that follows no link (missing directories made with the store's mode), so every
+        step of the lock is relative to a descriptor of the real locks directory."""
+        parts = self.parts(path)
+
+        @contextlib.contextmanager
+        def opener() -> Iterator[int]:
+            fd = self._walk(parts, create=self.dir_mode)
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+
+        return opener
+
+    def rename_safety(self, directory: PathLike) -> tuple[bool | None, str]:
+        """Whether this store is safe against another member's renames, and why (``doctor``):
+        probed in ``directory`` (the locks dir) on this filesystem. Every store step, locks
+        included, is relative to a directory descriptor and opens with ``O_NOFOLLOW``, so a name
+        a member swaps for a link is refused, never followed; this checks that the filesystem
+        really refuses it (a link made and opened here). None: not probed (read-only, absent)."""
+        if self.read_only:
+            return None, "not probed: the store is read-only here"
+        name = f".link-probe-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            with self.directory(directory) as dfd:
+                os.symlink("link-probe-target", name, dir_fd=dfd)
+                try:
+                    try:
+                        os.close(os.open(name, _FILE_FLAGS | os.O_CREAT, 0o600, dir_fd=dfd))
+                    except OSError as exc:
+                        if exc.errno in _LINK_ERRNOS:
+                            return True, ("yes: every step works relative to a directory descriptor "
+                                          "and this filesystem refuses a link opened with O_NOFOLLOW; "
+                                          "a file is written only with one link and this user's owner")
+                        return None, f"not probed: {exc.strerror or exc}"
+                    with contextlib.suppress(OSError):
+                        os.unlink("link-probe-target", dir_fd=dfd)
+                    return False, ("NO: this filesystem followed a link opened with O_NOFOLLOW; "
+                                   "a member could redirect this store's writes (use another filesystem)")
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=dfd)
+        except OSError as exc:
+            return None, f"not probed: {exc.strerror or exc}"
 
     # -- paths -----------------------------------------------------------------------------------
     def parts(self, path: PathLike) -> tuple[str, ...]:
@@ -316,6 +376,9 @@ class StoreFS:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise self._refused(parts, None, "not a regular file")
+            if st.st_nlink > 1 and not _one_link_soon(fd):
+                raise self._refused(parts, None, f"a file with {os.fstat(fd).st_nlink} links (a hard link "
+                                    "to a file elsewhere is never read)")
             if trust:
                 self._check(fd, parts)
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -367,20 +430,36 @@ class StoreFS:
 
     def touch(self, path: PathLike, mode: int | None = None) -> None:
         """Set ``path``'s times to now, creating it (with ``mode``, default the store's) if
-        absent; never through a link."""
+        absent; never through a link, and never on a file with a second link (a hard link to
+        somebody's file elsewhere): such a name gets a fresh file of ours, renamed over it."""
         mode = self.file_mode if mode is None else mode
         with self._parent(path) as (dfd, name):
             try:
-                os.utime(name, dir_fd=dfd, follow_symlinks=False)
-                return
+                fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
             except FileNotFoundError:
-                pass
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-                         | _CLOEXEC, mode, dir_fd=dfd)
-            try:
-                os.fchmod(fd, mode)  # exact, whatever the umask (group mode: 0664)
-            finally:
-                os.close(fd)
+                fd = None
+            except OSError as exc:
+                if exc.errno not in _LINK_ERRNOS:
+                    raise
+                fd = -1  # a link: replaced below, never followed
+            if fd is not None and fd >= 0:
+                try:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or _one_link_soon(fd)):
+                        os.utime(fd)
+                        return
+                finally:
+                    os.close(fd)
+            if fd is None:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode,
+                             dir_fd=dfd)
+                try:
+                    os.fchmod(fd, mode)  # exact, whatever the umask (group mode: 0664)
+                finally:
+                    os.close(fd)
+                return
+            logger.info("%s was not a plain file of the store's; replaced it", self._show(self.parts(path)))
+            atomic_write(name, b"", mode=mode, fsync=False, dir_fd=dfd)
 
     def unlink(self, path: PathLike) -> None:
         """Remove the file (or link: never its target) at ``path``."""

@@ -108,6 +108,21 @@ class LocalStore:
             return make_lock(base, mode="none", timeout=timeout)
         return self.parts.fs.lock_at(base, timeout, wait_alive)
 
+    def evict_lock_holder(self) -> str | None:
+        """See :meth:`Store.evict_lock_holder`."""
+        if self.parts.fs.read_only:
+            return None
+        lock = self.parts.fs.lock_at(self.parts.layout.lock_base("evict"), timeout=0)
+        try:
+            lock.acquire(0)
+        except OSError:
+            holder = lock.holder()
+            if holder is None:
+                return "an unknown process (no holder record)"
+            return f"{holder} (last heartbeat {holder.age:.0f} s ago)"
+        lock.release()
+        return None
+
     # -- listing -----------------------------------------------------------------------------------
     def entry(self, key: str) -> EntryInfo | None:
         """See :meth:`Store.entry`."""

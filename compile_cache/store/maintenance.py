@@ -23,7 +23,7 @@ from .._sizes import format_size, parse_age, parse_size
 from ..errors import CorruptPackError
 from ..locks import optional_lock
 from . import generations
-from ._io import key_list
+from ._io import key_list, warn_once
 from .loading import load
 from .pack import content_hash, encode_pack
 from .parts import StoreParts
@@ -106,20 +106,33 @@ def eviction_criteria(
             None if keys is None else set(key_list(keys)))
 
 
+#: Seconds a publisher over the size cap waits for the eviction lock; then it evicts without it.
+EVICT_LOCK_WAIT = 5.0
+
+
 def enforce_cap(parts: StoreParts, max_size: int, protect: set[str]) -> None:
     """Evict least-recently-used entries (never those in ``protect``) above ``max_size``.
 
     The size comes from the counters (a few small files, however many packs the store holds);
     only a store above its cap, or one whose size was never counted, is walked, by one process
-    at a time (the ``evict`` lock; the others go on: that process does the job).
+    at a time (the ``evict`` lock). A process that cannot take the lock within
+    :data:`EVICT_LOCK_WAIT` seconds evicts without it (warned once, a counted lock fallback).
     """
     size, calibrated = parts.counters.tracked_size()
     if calibrated and size <= max_size:
         return
-    lock = parts.fs.lock_at(parts.layout.lock_base("evict"), timeout=0)
+    lock = parts.fs.lock_at(parts.layout.lock_base("evict"), timeout=EVICT_LOCK_WAIT)
     with optional_lock(lock) as held:
-        if not held:  # another process evicting now does the job for us
-            return
+        if not held:
+            # Nobody evicts for that long: a holder that never lets go (a member's process, a
+            # stuck one) must not turn the cap off for everyone. Eviction needs no lock for
+            # correctness (an entry is renamed aside first), so this process evicts without it.
+            holder = lock.holder()
+            warn_once(parts.fs.root, "evict-lock",
+                      f"compile cache {parts.fs.root}: the eviction lock was held by "
+                      f"{holder or 'an unknown process'} for more than {EVICT_LOCK_WAIT:g} s; "
+                      "keeping the size cap without it (`doctor` shows who holds it)")
+            parts.counters.bump(lock_fallbacks=1, errors_by_kind={"lock-evict": 1})
         size, calibrated = parts.counters.tracked_size()
         if not calibrated:  # a store filled before its size was counted: count it once
             size = recount_size(parts)

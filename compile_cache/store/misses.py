@@ -19,12 +19,12 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from .._paths import HOSTNAME
+from .._paths import HOSTNAME, check_key
 from ._io import json_bytes
 from .fs import StoreFS
 from .layout import Layout
 
-__all__ = ["MISS_KEEP", "entry_records", "last_misses", "last_partials", "record_miss", "record_partial"]
+__all__ = ["MISS_KEEP", "bad_records", "entry_records", "last_misses", "last_partials", "record_miss", "record_partial"]
 
 logger = logging.getLogger("compile_cache")
 
@@ -94,9 +94,38 @@ def _records(store: StoreFiles) -> list[dict[str, Any]]:
     out = []
     for name in names:
         data, _garbage = store.fs.read_json(store.layout.misses_dir / name)
-        if isinstance(data, dict) and isinstance(data.get("key"), str):
+        if isinstance(data, dict) and _record_problem(data) is None:
             out.append(data)
     out.sort(key=_when, reverse=True)
+    return out
+
+
+def _record_problem(data: Mapping[str, Any]) -> str | None:
+    """Why a miss record read back cannot be used (another writer's record is not trusted)."""
+    key = data.get("key")
+    if not isinstance(key, str):
+        return "it names no key"
+    try:
+        check_key(key)
+    except ValueError:
+        return f"its key {key[:80]!r} is not a cache key (8-128 lower-case hex digits)"
+    return None
+
+
+def bad_records(store: StoreFiles) -> list[tuple[str, str]]:
+    """``(file name, why)`` of every miss record that is unreadable or not one of ours: skipped
+    by ``explain``, reported by ``doctor``."""
+    try:
+        names = sorted(n for n in store.fs.listdir(store.layout.misses_dir) if n.endswith(".json"))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        data, garbage = store.fs.read_json(store.layout.misses_dir / name)
+        if garbage or not isinstance(data, dict):
+            out.append((name, "not a readable JSON record"))
+        elif (why := _record_problem(data)) is not None:
+            out.append((name, why))
     return out
 
 

@@ -18,8 +18,9 @@ from typing import Any
 from .. import config
 from .._paths import is_temp_name
 from ..errors import CorruptPackError, UnsafeStorePathError
-from ..locks.scan import break_stale_lock, is_lock_leftover, is_lock_name, is_stale
+from ..locks.scan import break_stale_lock_at, is_lock_leftover, is_lock_name, is_stale_at
 from ._io import check_seconds, errno_name
+from .counters import bad_counts
 from .maintenance import QUARANTINE_KEEP, compact, prune_quarantine, remove_entry_dir, total_size
 from .pack import IncompatiblePackError, SignatureMismatchError
 from .parts import StoreParts
@@ -187,10 +188,16 @@ class _Scan:
                     # garbage, kept as long as a temp file (copying a store must not flag its locks).
                     age = (self.lock_stale_after if self.fs.is_dir(path)
                            else max(self.lock_stale_after, self.temp_age))
-                    if is_stale(path, stale_after=age, one_look=True):
+                    with self.fs.directory(locks_dir) as dfd:
+                        stale = is_stale_at(dfd, path, stale_after=age, one_look=True)
+                    if stale:
                         self.report.stale_locks.append(path)
-                        self.fixes.append(
-                            lambda _r, p=path, a=age: break_stale_lock(p, stale_after=a, one_look=True))
+                        self.fixes.append(lambda _r, p=path, a=age: self._break_lock(p, a))
+
+    def _break_lock(self, path: Path, age: float) -> None:
+        """Break the stale lock ``path``, in the locks directory reached without a link."""
+        with contextlib.suppress(OSError), self.fs.directory(path.parent) as dfd:
+            break_stale_lock_at(dfd, path, stale_after=age, one_look=True)
 
     def stats_files(self) -> None:
         stats_dir = self.layout.stats_dir
@@ -202,7 +209,8 @@ class _Scan:
                         self.report.orphaned_temp.append(path)
                         self.remove_later(path)
                     continue
-                if self.fs.read_json(path)[1]:
+                data, garbage = self.fs.read_json(path)
+                if garbage or (data is not None and bad_counts(data)):
                     self.report.bad_stats.append(path)
                     self.remove_later(path)
 
