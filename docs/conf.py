@@ -27,14 +27,17 @@ exclude_patterns = ["docs/_build", ".venv", "build"]
 # Every heading down to ### gets an anchor, named as GitHub names it, so `page.md#anchor` links
 # work on GitHub and here, and a missing one is a warning (an error under -W).
 myst_heading_anchors = 3
+# Flags stay as typed: no "--train" turned into an en dash, no curly quotes in commands.
+smartquotes = False
 
 html_theme = "alabaster"
 html_title = "compile_cache"
 html_theme_options = {
     "description": "torch.compile as a one-time cost",
     "fixed_sidebar": True,
-    "page_width": "1180px",
-    "sidebar_width": "230px",
+    "page_width": "1260px",
+    "sidebar_width": "220px",
+    "code_font_size": "0.78em",
 }
 html_sidebars = {"**": ["about.html", "navigation.html", "searchbox.html"]}
 html_static_path: list[str] = []

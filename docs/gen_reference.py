@@ -80,7 +80,9 @@ def _option(action: argparse.Action) -> str:
         metavar = action.metavar or action.dest.upper()
         if isinstance(metavar, tuple):
             metavar = " ".join(metavar)
-        names += f" `{metavar}`"
+        # A pipe would end the table cell, inside a code span too (GitHub and MyST split rows
+        # first); as an entity outside code it shows as itself.
+        names += f" `{metavar}`" if "|" not in metavar else " " + metavar.replace("|", "&#124;")
     return names
 
 
