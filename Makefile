@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 # loopback sshd twice); installed with apt-get when missing (sudo unless root).
 APT ?= $(if $(filter 0,$(shell id -u)),,sudo )apt-get
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint docs bench clean
 
 install: $(STAMP)
 
@@ -30,7 +30,7 @@ $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(PIP_LOCK) --upgrade pip
 	$(PY) -m pip install --quiet $(PIP_LOCK) "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
-	$(PY) -m pip install --quiet $(PIP_LOCK) --no-build-isolation -e ".[test,bench,s3,gcs,azure]"
+	$(PY) -m pip install --quiet $(PIP_LOCK) --no-build-isolation -e ".[test,bench,s3,gcs,azure,docs]"
 	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to install Azurite, the az:// test emulator"; exit 1; }
 	test -x $(AZURITE_DIR)/node_modules/.bin/azurite-blob \
 	  && grep -q '"version": "$(AZURITE_VERSION)"' $(AZURITE_DIR)/node_modules/azurite/package.json \
@@ -46,17 +46,23 @@ demo: install
 	$(PY) -m compile_cache.demo
 
 test: install
-	$(PY) -m ruff check compile_cache tests benchmarks
+	$(PY) -m ruff check compile_cache tests benchmarks docs
+	$(MAKE) --no-print-directory docs
 	# Bytecode as an install writes it: with PYTHONDONTWRITEBYTECODE set, each of the suite's
 	# child processes would otherwise compile the package's source again (~0.35 s of CPU each).
 	$(PY) -m compileall -q compile_cache tests
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: install
-	$(PY) -m ruff check compile_cache tests benchmarks
+	$(PY) -m ruff check compile_cache tests benchmarks docs
+
+# The docs site (README.md, docs/, benchmarks/RESULTS.md), strict: any warning, such as a link
+# to a page, file or heading anchor that does not exist, fails the build (~3 s).
+docs: install
+	$(PY) -m sphinx -E -W --keep-going -n -q -c docs -b html . docs/_build/html
 
 bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf build *.egg-info compile_cache/_C*.so
+	rm -rf build *.egg-info compile_cache/_C*.so docs/_build

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--no-byte-compile", action="store_true",
                         help="leave the package's modules uncompiled (nodes compile them from source "
-                             "under PYTHONDONTWRITEBYTECODE: the definition before session 16)")
+                             "under PYTHONDONTWRITEBYTECODE: the definition before 2026-12-03, commit 77841c0)")
     parser.add_argument("--no-emulators", action="store_true",
                         help="leave out the gs:// and az:// nodes (gcp-storage-emulator, Azurite)")
     parser.add_argument("--levels", nargs="+", metavar="STORE",

@@ -8,7 +8,7 @@
 3. the goal rows (``bench_cold_start.py --strategies eager,regional``, fresh nodes), each row
    written as it finishes, with Triton kernels compiled and autotune benchmarks per row.
 
-Everything goes into one JSON (``--json-out``), rewritten after every step and row, so a lease
+Everything goes into one JSON (``--json-out``), rewritten after every step and row, so a run
 cut short still leaves what was measured. ``--deadline`` (seconds since the epoch) bounds it.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for compile_cache: one 15-minute lease on a machine with an NVIDIA GPU, torch already
+# GPU check for compile_cache: one 15-minute run on a borrowed machine with an NVIDIA GPU, torch already
 # installed (2.11 there), no network, maybe only `python3`, and the repo's working tree copied in
 # (nothing installed). At most 8 minutes (BUDGET_S, default 480) in all:
 #

@@ -26,8 +26,8 @@ COLD_SCENARIOS = (
     ("cold", "cold\n(fresh node)"),
     ("torch warm", "torch warm\n(same node)"),
     ("megacache node", "Mega-Cache\nfresh node"),
-    ("cc node", "compile_cache\nfresh node"),
-    ("cc plain node", "compile_cache\nno precompile"),
+    ("cc node", "compile_cache\nfresh node,\nprecompile=True"),
+    ("cc plain node", "compile_cache\nfresh node\n(default)"),
 )
 COLD_STRATEGIES = (
     ("full", "full torch.compile", "#4C72B0"),

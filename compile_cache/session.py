@@ -123,7 +123,7 @@ class CacheSession:
         self._lock = threading.RLock()  # the report and counters (after_forward publishes a diff)
         #: With precompile: the groups' precompiled functions, saved after forwards that traced.
         self.precompiled = PrecompileTracker(self.report, store)
-        #: What this session publishes, and when.
+        #: What this model's session publishes, and when.
         self.publishing = SessionPublisher(
             store, key, self.report, owners=self.owners, precompile=precompile,
             precompiled=self.precompiled, entry_info=self._entry_info, lock=self._lock,

@@ -20,7 +20,7 @@ import torch._dynamo
 @pytest.fixture(scope="session", autouse=True)
 def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The suite never reads or writes the real home: the default store
-    (``~/.cache/compile_cache``) and local dirs live in a home of this session. A store left in the
+    (``~/.cache/compile_cache``) and local dirs live in a home of this test run. A store left in the
     real home by an earlier run would turn a test's compile into a hit (with precompile, one that
     traces nothing), and the tests would depend on what ran before them."""
     home = tmp_path_factory.mktemp("home")

@@ -371,7 +371,7 @@ def test_a_url_without_its_package_says_what_to_install(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="not a usable store URL.*nosuchproto"):
         Store("nosuchproto://bucket/cc")
     # A node without the [gcs] and [azure] extras (a new process: fsspec keeps a protocol's
-    # class once it has loaded it, and this session's emulator tests load both).
+    # class once it has loaded it, and this test run's emulator tests load both).
     code = textwrap.dedent("""
         import sys
         sys.modules["gcsfs"] = sys.modules["adlfs"] = None

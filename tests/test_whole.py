@@ -5,7 +5,7 @@ machine) compiles a tiny GPT-2's forward and its training step whole, a function
 function with Inductor; the fresh node restores. The other tests use the ``eager`` backend.
 Measured 2026-12-03 at load average 12-17 on the 2 shared cores: 124 s of CPU for the file
 (publisher 96 s, fresh node 21 s; 12 min wall under that load); with the forward precompiled
-(session 15), 122.5 s of CPU (user+sys, /usr/bin/time), 8.7 min wall at load average 9-11.
+(commit 8605c44), 122.5 s of CPU (user+sys, /usr/bin/time), 8.7 min wall at load average 9-11.
 """
 
 from __future__ import annotations
