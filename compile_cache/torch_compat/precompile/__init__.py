@@ -255,6 +255,7 @@ class PrecompiledFunction:
                                                        self._end_call_on_decline,
                                                        pin_block=self._pin_block)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
+        scope_before = frozenset(fn.__globals__)
         try:
             # A loaded entry's guards are unpickled inside torch.compile; some sources install a
             # guard as they are (ImportSource: __import__('torch'), Mamba's), which needs a
@@ -273,7 +274,7 @@ class PrecompiledFunction:
             # torch catches only RuntimeError around installing an entry; undo what a half
             # install left on the code object, and compile without precompile.
             self.load_error = f"{type(exc).__name__}: {exc}"
-            _reset_precompile_entries(fn.__code__)
+            _undo_load(fn, scope_before)
             self._decline(f"the precompile entry did not load ({self.load_error})")
             return
         self.loaded = _counter("dynamo_cache_hit") > hits
@@ -610,6 +611,21 @@ def _mode_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 
     return {**list_mode_options(mode, kwargs.get("dynamic")), **options}
+
+
+def _undo_load(fn: types.FunctionType, scope_before: frozenset[str]) -> None:
+    """Leave nothing of a load that raised half-way: torch installs a package's globals into the
+    function's namespace as it goes (import aliases, resume functions, backends, and the builtins
+    dict, which ``CompilePackage.uninstall`` does not know of) and entries on its code object.
+    The names that load added are removed, torch's unique-id counter is moved past them, and
+    the code's entries are reset, so the trace that follows (the declined copy shares the
+    namespace) never meets them: before, a numpy class attribute's failed load made that trace
+    raise ``Name '__builtins_dict___0' already exists in scope``."""
+    scope = fn.__globals__
+    _advance_unique_ids(scope)
+    for name in set(scope) - scope_before:
+        scope.pop(name, None)
+    _reset_precompile_entries(fn.__code__)
 
 
 def _reset_precompile_entries(code: types.CodeType) -> None:
