@@ -73,6 +73,21 @@ del _wrapped
      DECLINE, "a global Dynamo installed in this process only"),
     # something with no portable description still declines
     (_Entry("ID_MATCH", "self.table", object()), True, DECLINE, "builtins.object"),
+    # a property's getter, a method, reached through the block's class (issue 53): swapped after
+    # compiling, the running process must see it: a pin on the block, checked at every call
+    (_Entry("CLOSURE_MATCH", "dict(type(self).__dict__)['scale'].fget", _local_function,
+            derived=()), True, DROP, PINNED),
+    (_Entry("CLOSURE_MATCH", "dict(type(self).__dict__)['scale'].fget", _local_function,
+            derived=()), False, DECLINE, "cannot be checked at each call"),
+    # a module of the user's (not torch's): pinned, with the names it holds
+    (_Entry("MODULE_MATCH", "G['settings']", pytest, is_global=True), False, DROP, PINNED),
+    # a guard type precompile does not know declines
+    (_Entry("SOME_NEW_MATCH", "self.x", 1, derived=()), True, DECLINE, "does not know"),
+    (_Entry("EQUALS_MATCH", "self.x", 1, derived=("SOME_NEW_MATCH",)), True, DECLINE,
+     "does not know"),
+    # a value rebuilt from the loading process that has no portable description
+    (_Entry("EQUALS_MATCH", "G['CONFIG']", object(), is_global=True, derived=()), False, DECLINE,
+     "no portable description"),
 ])
 def test_objects_a_block_stores_are_pinned_by_identity(entry: _Entry, region_frame: bool,
                                                       action: str, says: str) -> None:
@@ -619,3 +634,53 @@ def test_precompile_in_training_gives_no_torch_warning_plain_compile_does_not() 
     assert pf.status == "new" and leaf.grad is not None
     torch_warnings = [f"{w.filename}: {w.message}" for w in caught if "torch" in w.filename]
     assert not [w for w in torch_warnings if "guards.py" in w or "leaf Tensor" in w], torch_warnings
+
+
+# ------------------------------------------------------ the allow-list of guard treatments
+
+
+def test_every_guard_type_of_the_installed_torch_has_exactly_one_treatment() -> None:
+    """A torch that adds a guard type makes this fail until the type is given a treatment (until
+    then it declines: an unknown type is never kept or dropped)."""
+    from compile_cache.torch_compat.precompile.guards import (
+        DECLINED,
+        GUARD_TREATMENTS,
+        PINNED_TYPE,
+        RECORDED,
+        guard_builder_types,
+        treatment,
+    )
+
+    missing = guard_builder_types() - set(GUARD_TREATMENTS)
+    assert not missing, f"guard types without a treatment: {sorted(missing)}"
+    assert {t for t, _ in GUARD_TREATMENTS.values()} == {RECORDED, PINNED_TYPE, DECLINED}
+    assert treatment("A_TYPE_TORCH_ADDS_LATER") == DECLINED
+    # what torch cannot save is never kept
+    from compile_cache.torch_compat.precompile.guards import unsupported_guard_types
+
+    assert not {t for t in unsupported_guard_types() if treatment(t) == RECORDED}
+
+
+def test_a_builtin_shadowed_after_compiling_and_a_module_name_added_are_seen_by_the_pins() -> None:
+    """The pins of issue 53: the block's module binding a builtin's name (``max = min``), and a
+    user module gaining a name that code read with a default (``getattr(settings, "EXTRA", 0.0)``)."""
+    import types as pytypes
+
+    from compile_cache.torch_compat.precompile.pins import builtin_shadow_source
+
+    module = pytypes.ModuleType("cc_i53_settings")
+    before = describe(module)
+    module.EXTRA = 3.0
+    assert describe(module) != before and describe(torch) == "module torch"
+    block = StoredBlock()
+    source = builtin_shadow_source("max")
+    pins = Pins({})
+    pins.add({source: None})
+    assert pins.changed(block) is None
+    scope = type(block).forward.__globals__
+    scope["max"] = min
+    try:
+        moved = pins.changed(block)
+    finally:
+        del scope["max"]
+    assert moved is not None and "max" in moved

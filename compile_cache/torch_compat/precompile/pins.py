@@ -32,10 +32,11 @@ import hashlib
 import importlib
 import inspect
 import re
+import sys
 import types
 from typing import Any
 
-__all__ = ["Pins", "code_digest", "describe", "verify"]
+__all__ = ["Pins", "builtin_shadow_source", "code_digest", "describe", "on_block", "verify"]
 
 def describe(value: Any) -> str:
     """A description of what a global names that is the same in every process that binds the
@@ -45,7 +46,7 @@ def describe(value: Any) -> str:
         kind = type(value)
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     if inspect.ismodule(value):
-        return f"module {value.__name__}"
+        return f"module {value.__name__}{_module_names(value)}"
     module = getattr(value, "__module__", None) or type(value).__module__
     name = (getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
             or type(value).__qualname__)
@@ -53,6 +54,21 @@ def describe(value: Any) -> str:
     if isinstance(code, types.CodeType):
         return f"{module}.{name}:{code_digest(code)}"
     return f"{module}.{name}"
+
+
+def _module_names(module: types.ModuleType) -> str:
+    """For a module outside torch and Python's standard library, a digest of the names it holds
+    (dunder names aside: Dynamo's aliases, the module's own attributes): code traced with a name
+    absent (``getattr(settings, "EXTRA", 0.0)``, ``hasattr``) is guarded by the module's
+    identity only, so the names are what proves the absence on another node."""
+    top = module.__name__.split(".", 1)[0]
+    if top in ("torch", "builtins") or top in sys.stdlib_module_names:
+        return ""
+    try:
+        names = sorted(n for n in list(vars(module)) if not n.startswith("__"))
+    except TypeError:
+        return " names:?"
+    return f" names:{hashlib.sha256(chr(0).join(names).encode()).hexdigest()[:16]}"
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -91,9 +107,20 @@ _MISSING = object()
 _NO_BLOCK = object()
 
 
+_FREE_NAME = re.compile(r"(?<![\w.'\"])[A-Za-z_]\w*")
+
+
 def on_block(source: str) -> bool:
-    """Whether a pin's source starts from the block (``self...``), not from a global."""
-    return source == "self" or source.startswith(("self.", "self["))
+    """Whether a pin's source starts from the block (``self...``, ``dict(type(self).__dict__)
+    ['scale'].fget``: only ``self`` and builtins), not from a global."""
+    names = {n for n in _FREE_NAME.findall(source) if not hasattr(builtins, n)}
+    return names == {"self"}
+
+
+def builtin_shadow_source(name: str) -> str:
+    """A pin's source for "``name`` is not bound in the block's module": a builtin the traced code
+    called (``max``), which a module global of that name would shadow (``max = min``)."""
+    return f"self.forward.__globals__.get({name!r})"
 
 
 def _evaluate(source: str, scope: dict[str, Any], block: Any = _NO_BLOCK) -> Any:
