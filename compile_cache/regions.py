@@ -653,13 +653,7 @@ def install(
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
     modules = dict(model.named_modules())
-    wanted: dict[str, tuple[str, str, int]] = {}
-    if not disabled:
-        for g in plan.groups:
-            for name in g.names:
-                wanted[name] = (g.code_name, f"{g.class_name} x{g.size} [{abbreviate(g.names)}]", g.size)
-        for p in plan.compiled_rest:
-            wanted[p.name] = (p.code_name, f"{p.name or '<root>'} ({p.class_name})", 1)
+    wanted = _wanted(plan)
 
     # Undo our earlier installs on modules this plan no longer compiles.
     for name, mod in modules.items():
@@ -687,10 +681,8 @@ def install(
             _prepare_group(state, mod, kwargs)
         existing = _installed(mod)
         key = (code_name, frozen, 0 if scope is None else id(scope))
-        if state.foreign is not None:
-            runner = _ForeignRunner(None, state, key, mod)
-            runner.copy_out = False
-            module_calls.set_compiled_call(mod, runner)
+        if state.foreign is not None:  # eagerly, warned: Dynamo would read another module
+            module_calls.set_compiled_call(mod, _ForeignRunner(None, state, key, mod))
             continue
         if isinstance(existing, _RegionRunner) and existing.key == key and existing.compiled is not None:
             compiled = existing.compiled  # called again with the same keywords: keep it
@@ -726,6 +718,18 @@ def install(
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
+
+
+def _wanted(plan: RegionPlan) -> dict[str, tuple[str, str, int]]:
+    """Module name -> (code name, label, group size) of every module the plan compiles."""
+    wanted: dict[str, tuple[str, str, int]] = {}
+    if not plan.disabled:
+        for g in plan.groups:
+            for name in g.names:
+                wanted[name] = (g.code_name, f"{g.class_name} x{g.size} [{abbreviate(g.names)}]", g.size)
+        for p in plan.compiled_rest:
+            wanted[p.name] = (p.code_name, f"{p.name or '<root>'} ({p.class_name})", 1)
+    return wanted
 
 
 def _routed_functions(compiled: CacheRoutedCall, code_name: str,

@@ -64,7 +64,7 @@ from .isolation import IsolatedCall, compile_group_isolated, compile_isolated
 from .lazy_globals import lazy_entry_reads
 from .names import ENTRY_FORMAT, entry_name, region_function
 from .names import advance_unique_ids as _advance_unique_ids
-from .pins import Pins, verify
+from .pins import Pins, class_pins, verify
 from .values import check_entry, graph_digest
 
 logger = logging.getLogger("compile_cache")
@@ -214,6 +214,8 @@ class PrecompiledFunction:
         self._saved_digest: str | None = None
         self._lock = threading.Lock()
         self.pins = Pins(fn.__globals__)
+        if block is not None and pin_block:  # the block's methods, swapped after compiling
+            self.pins.add(class_pins(block))
         self._pins_seen = 0
         #: The group's first block (weakly): what a pin on the block is checked on at load.
         self._block = weakref.ref(block) if block is not None else None

@@ -111,8 +111,7 @@ GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
     "NOT_NONE_MATCH": (RECORDED, "None or not"),
     "TYPE_MATCH": (RECORDED, "the class by qualified name (lineage in the entry name)"),
     "HASATTR": (RECORDED, "presence or absence of the attribute"),
-    "NOT_PRESENT_IN_GENERIC_DICT": (RECORDED, "on the call's objects only (pickled by value); "
-                                              "on a global, declined: its attribute is not known"),
+    "NOT_PRESENT_IN_GENERIC_DICT": (RECORDED, "the attribute's absence: held by the guard"),
     "SEQUENCE_LENGTH": (RECORDED, "the length"),
     "TUPLE_ITERATOR_LEN": (RECORDED, "the length"),
     "RANGE_ITERATOR_MATCH": (RECORDED, "on the call's objects only (pickled by value)"),
@@ -162,7 +161,7 @@ GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
 #: recorded, or the rebuilt guard compares the live value with itself.
 _READS_LIVE = frozenset({
     "EQUALS_MATCH", "CONSTANT_MATCH", "CONSTANT_SUBCLASS_MATCH", "BOOL_MATCH", "TYPE_MATCH",
-    "HASATTR", "NOT_PRESENT_IN_GENERIC_DICT", "SEQUENCE_LENGTH", "TUPLE_ITERATOR_LEN",
+    "HASATTR", "SEQUENCE_LENGTH", "TUPLE_ITERATOR_LEN",
     "RANGE_ITERATOR_MATCH", "COUNT_ITERATOR_MATCH", "DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK",
     "DISPATCH_KEY_SET_MATCH", "TENSOR_MATCH",
 })
@@ -333,25 +332,9 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
 
     unsupported = unsupported_guard_types() if unsupported is None else unsupported
     gtype = entry.guard_type
-    for kind in (gtype, *(entry.derived_guard_types or ())):
-        if kind not in GUARD_TREATMENTS:
-            return GuardDecision(DECLINE, f"{kind} on {entry.name}: a guard type precompile does "
-                                 f"not know (not in its allow-list)")
-    if treatment(gtype) == DECLINED:
-        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: {GUARD_TREATMENTS[gtype][1]}")
-    if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
-        return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
-    if treatment(gtype) == RECORDED:
-        if not _serialisable(entry, unsupported) or _torch_drops(entry):
-            return GuardDecision(DECLINE, f"{gtype} on {entry.name}: kept by the allow-list, but "
-                                 f"torch cannot save it here")
-        if gtype in _READS_LIVE and _live_source(entry) and describe_value(
-                gtype, entry.value if entry.has_value else None, entry.name,
-                attr=hasattr_name(entry)) is None:
-            return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(entry.value)}): "
-                                 f"rebuilt from the loading process, and its value has no "
-                                 f"portable description to prove it")
-        return GuardDecision(KEEP, "serialisable")
+    listed = _by_the_allow_list(entry, unsupported)
+    if listed is not None:
+        return listed
     if not entry.has_value:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} (no value to judge)")
     value = entry.value
@@ -411,6 +394,37 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)}), {where}: "
                              f"its identity cannot be checked at each call")
     return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)})")
+
+
+def _by_the_allow_list(entry: Any, unsupported: frozenset[str]) -> GuardDecision | None:
+    """The decision :data:`GUARD_TREATMENTS` makes alone (an unknown or declined type, a kept
+    one), None for an identity type (:func:`classify_guard` decides how it is pinned)."""
+    gtype = entry.guard_type
+    for kind in (gtype, *(entry.derived_guard_types or ())):
+        if kind not in GUARD_TREATMENTS:
+            return GuardDecision(DECLINE, f"{kind} on {entry.name}: a guard type precompile does "
+                                 f"not know (not in its allow-list)")
+    if entry.has_value and entry.value is os.environ:
+        # os.environ.get("X", default): Dynamo guards the mapping's type and code, none of its
+        # keys, so a variable set only where an entry loads would go unseen
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: os.environ is read in the traced "
+                             f"code, and no guard says which variables were set")
+    if treatment(gtype) == DECLINED:
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: {GUARD_TREATMENTS[gtype][1]}")
+    if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
+        return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
+    if treatment(gtype) != RECORDED:
+        return None
+    if not _serialisable(entry, unsupported) or _torch_drops(entry):
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: kept by the allow-list, but "
+                             f"torch cannot save it here")
+    if gtype in _READS_LIVE and _live_source(entry) and describe_value(
+            gtype, entry.value if entry.has_value else None, entry.name,
+            attr=hasattr_name(entry)) is None:
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(entry.value)}): "
+                             f"rebuilt from the loading process, and its value has no "
+                             f"portable description to prove it")
+    return GuardDecision(KEEP, "serialisable")
 
 
 #: The reason of a dropped identity guard that becomes a pin (:mod:`.pins`).
@@ -541,20 +555,14 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                     if why is not None:
                         decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: "
                                                  f"{why}")
+                shadow = _BUILTINS_DICT.match(entry.name) if decision.action == DROP else None
+                if shadow is not None:
+                    why = _pin_builtin_absence(report, shadow.group(1), region_frame)
+                    if why is not None:
+                        decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: {why}")
                 if decision.action == DROP:
                     if _pinnable(entry, decision):
                         report.pins.setdefault(entry.name, entry.value)
-                    shadow = _BUILTINS_DICT.match(entry.name)
-                    if shadow is not None:
-                        why = _pin_builtin_absence(report, shadow.group(1), region_frame)
-                        if why is not None:
-                            decision = GuardDecision(DECLINE, f"{entry.guard_type} on "
-                                                     f"{entry.name}: {why}")
-                            report.kept += 1
-                            if decision.reason not in report.declined:
-                                report.declined.append(decision.reason)
-                            out.append(True)
-                            continue
                     report.dropped += 1
                     kinds = report.dropped_kinds
                     kinds[entry.guard_type] = kinds.get(entry.guard_type, 0) + 1

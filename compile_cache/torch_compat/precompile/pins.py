@@ -36,7 +36,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["Pins", "builtin_shadow_source", "code_digest", "describe", "on_block", "verify"]
+__all__ = ["Pins", "builtin_shadow_source", "class_pins", "code_digest", "describe", "on_block", "verify"]
 
 def describe(value: Any) -> str:
     """A description of what a global names that is the same in every process that binds the
@@ -115,6 +115,22 @@ def on_block(source: str) -> bool:
     ['scale'].fget``: only ``self`` and builtins), not from a global."""
     names = {n for n in _FREE_NAME.findall(source) if not hasattr(builtins, n)}
     return names == {"self"}
+
+
+def class_pins(block: Any) -> dict[str, Any]:
+    """Pins on what the block's own classes define as code (methods, properties, static and
+    class methods; torch's and Python's classes aside): Dynamo guards none of a module's
+    methods, so a method swapped on the class after compiling (``Block.pick = ...``) would
+    leave a precompiled entry stale where a plain compile traces again. Checked at every call
+    (``type(self).__mro__[i].__dict__['pick']``) and, described, before an entry loads."""
+    found: dict[str, Any] = {}
+    for index, cls in enumerate(type(block).__mro__):
+        if (cls.__module__ or "").split(".", 1)[0] in ("torch", "builtins"):
+            continue
+        for name, value in vars(cls).items():
+            if inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod)):
+                found[f"type(self).__mro__[{index}].__dict__[{name!r}]"] = value
+    return found
 
 
 def builtin_shadow_source(name: str) -> str:
