@@ -684,3 +684,17 @@ def test_a_builtin_shadowed_after_compiling_and_a_module_name_added_are_seen_by_
     finally:
         del scope["max"]
     assert moved is not None and "max" in moved
+
+
+def test_a_name_bound_on_a_pinned_module_after_compiling_is_noticed() -> None:
+    """``hasattr(settings, "FLAG")`` traced with FLAG absent: Dynamo guards the module's identity
+    only; the pin also holds its number of names, so binding FLAG after compiling is seen."""
+    import types as pytypes
+
+    module = pytypes.ModuleType("cc_i53_flags")
+    pins = Pins({"settings": module})
+    pins.add({"G['settings']": module})
+    assert pins.changed() is None
+    module.FLAG = 1
+    moved = pins.changed()
+    assert moved is not None and "gained or lost a name" in moved

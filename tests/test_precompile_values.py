@@ -218,8 +218,10 @@ def test_a_groups_kv_cache_calls_one_entry_per_block_prove_their_values_on_a_fre
     for case, more in ((publish, {"prefill5", "prefill7"}), (load, {"prefill4"})):
         _matches_eager(case)
         assert set(case["diffs"]) == {"prefill", "decode", "cache"} | more
-        # traced update (each prefill, per block), layer view (the decode step), no eager update
-        assert case["cache_calls"] == [2 * len(more) + 2, 2, 0], case["cache_calls"]
+        # Since the allow-list (issue 53) the traced update declines after its first call (see
+        # below): the calls go traced (that first one), layer view (the decode step), else eager
+        assert case["cache_calls"][0] == 1 and case["cache_calls"][1] == 2, case["cache_calls"]
+        assert sum(case["cache_calls"]) == 2 * len(more) + 4, case["cache_calls"]
         # Since the allow-list (issue 53), the prefill's traced update declines precompile: it
         # reaches DynamicCache.update's wrapped function through the class of an argument, an
         # identity no pin can check at each call (it was dropped before, as if the block's

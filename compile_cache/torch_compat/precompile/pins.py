@@ -179,6 +179,8 @@ class Pins:
         self._alike: dict[str, list[Any]] = {}
         self._code: types.CodeType | None = None
         self._namespace = {"__builtins__": builtins, "G": _Globals(scope)}
+        #: Per pin on a user module: how many names it held when pinned.
+        self._sizes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -208,10 +210,17 @@ class Pins:
             return
         sources = list(self._objects)
         # One expression, ``(<pin 0>) is _0 and (<pin 1>) is _1 and ...``: no tuple, no loop.
+        # A user module also keeps its number of names (``len(vars(...)) == n``): code traced
+        # with a name absent (``hasattr(settings, "FLAG")``) is guarded by the module's identity
+        # only, and a name bound after compiling must not leave the entry stale.
+        terms = []
         for i, source in enumerate(sources):
-            self._namespace[f"_{i}"] = self._objects[source]
-        self._code = compile(" and ".join(f"({source}) is _{i}" for i, source in enumerate(sources)),
-                             "<compile_cache pins>", "eval")
+            value = self._namespace[f"_{i}"] = self._objects[source]
+            terms.append(f"({source}) is _{i}")
+            if inspect.ismodule(value) and _module_names(value):
+                self._sizes.setdefault(source, len(vars(value)))  # as when first pinned
+                terms.append(f"len(vars(_{i})) == {self._sizes[source]}")
+        self._code = compile(" and ".join(terms), "<compile_cache pins>", "eval")
         # The roots (``G['torch']``, ``G['__import_<module>']``) are Python modules: objects that
         # stay what they are, so they are looked up once; what a pin checks is reached from them
         # by attribute, at every check. A root that is not a module is looked up every time.
@@ -240,6 +249,9 @@ class Pins:
         for source, value in self._objects.items():
             mine = on_block(source)
             found = _evaluate(source, self.scope, block if mine else _NO_BLOCK)
+            if found is value and source in self._sizes and len(vars(value)) != self._sizes[source]:
+                return (f"{source} ({describe(value)}) gained or lost a name after compiling (code "
+                        f"traced with a name absent, getattr's default or hasattr, would be stale)")
             if found is value:
                 continue
             if mine and found is not _MISSING and self._alike_of(source, value, found):
