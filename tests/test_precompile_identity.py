@@ -698,3 +698,25 @@ def test_a_name_bound_on_a_pinned_module_after_compiling_is_noticed() -> None:
     module.FLAG = 1
     moved = pins.changed()
     assert moved is not None and "gained or lost a name" in moved
+
+
+def test_environment_variables_read_in_traced_code_are_recorded_and_compared(monkeypatch) -> None:
+    """``os.environ.get("X", default)`` in traced code: Dynamo guards none of the variables, so
+    those its module names are recorded with the entry and compared before it loads."""
+    import sys
+    import types as pytypes
+
+    from compile_cache.torch_compat.precompile.guards import environ_differs, environ_reads
+
+    module = pytypes.ModuleType("cc_i53_env_reader")
+    exec("import os\nENV = 'CC_I53_SETTING'\ndef f():\n    return os.environ.get('CC_I53_OTHER', 'a')\n",
+         module.__dict__)
+    monkeypatch.setitem(sys.modules, "cc_i53_env_reader", module)
+    monkeypatch.delenv("CC_I53_SETTING", raising=False)
+    monkeypatch.delenv("CC_I53_OTHER", raising=False)
+    recorded = environ_reads("G['__import_cc_i53_env_reader'].os.environ")
+    assert recorded == {"CC_I53_OTHER": None, "CC_I53_SETTING": None}
+    assert environ_differs(recorded) is None
+    monkeypatch.setenv("CC_I53_OTHER", "b")
+    assert "CC_I53_OTHER is 'b' here but was unset" in environ_differs(recorded)
+    assert environ_reads("G['os'].environ") is None  # the reading module is not known

@@ -303,7 +303,7 @@ def test_a_numpy_class_attribute_whose_entry_cannot_load_traces_again(
 
 @pytest.mark.parametrize(("name", "says"), [
     ("absent_value", "is module cc_values_absent_settings"),  # the names it holds differ
-    ("absent_env", "os.environ"),
+    ("absent_env", "the environment variable CC_I53_ACT is 'sigmoid' here but was unset"),
     ("shadowed_builtin", "self.forward.__globals__.get('max') is builtins.min"),
 ])
 def test_an_absent_value_or_a_shadowed_builtin_on_the_fresh_node_never_loads_the_publishers_graph(

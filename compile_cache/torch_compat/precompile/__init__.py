@@ -59,7 +59,7 @@ from typing import Any
 
 from ...errors import PrecompileDeclined
 from .. import available, capability, mark_missing
-from .guards import GuardReport, make_guard_filter, unsupported_guard_types
+from .guards import GuardReport, environ_differs, make_guard_filter, unsupported_guard_types
 from .isolation import IsolatedCall, compile_group_isolated, compile_isolated
 from .lazy_globals import lazy_entry_reads
 from .names import ENTRY_FORMAT, entry_name, region_function
@@ -324,9 +324,12 @@ class PrecompiledFunction:
             return None
         block = self._block_now()
         reason = verify(pins, self.fn.__globals__, *(() if block is None else (block,)))
+        if reason is None:
+            reason = environ_differs((record or {}).get("environ") or {})
         if reason is not None:
             self.decline_persists = False
             return reason
+        self.report.environ.update((record or {}).get("environ") or {})
         try:
             checked = check_entry(path, graphs)
         except Exception as exc:  # noqa: BLE001 - an unreadable entry is traced again

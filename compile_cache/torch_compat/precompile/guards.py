@@ -72,6 +72,8 @@ __all__ = [
     "GuardReport",
     "classify_guard",
     "compiling_code",
+    "environ_differs",
+    "environ_reads",
     "guard_builder_types",
     "make_guard_filter",
     "treatment",
@@ -404,11 +406,11 @@ def _by_the_allow_list(entry: Any, unsupported: frozenset[str]) -> GuardDecision
         if kind not in GUARD_TREATMENTS:
             return GuardDecision(DECLINE, f"{kind} on {entry.name}: a guard type precompile does "
                                  f"not know (not in its allow-list)")
-    if entry.has_value and entry.value is os.environ:
+    if entry.has_value and entry.value is os.environ and environ_reads(entry.name) is None:
         # os.environ.get("X", default): Dynamo guards the mapping's type and code, none of its
         # keys, so a variable set only where an entry loads would go unseen
         return GuardDecision(DECLINE, f"{gtype} on {entry.name}: os.environ is read in the traced "
-                             f"code, and no guard says which variables were set")
+                             f"code, from a module whose variable names cannot be found")
     if treatment(gtype) == DECLINED:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name}: {GUARD_TREATMENTS[gtype][1]}")
     if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
@@ -463,6 +465,51 @@ def _whole_part_pin_decline(entry: Any, region_frame: bool) -> str | None:
     return None
 
 
+_IMPORT_ALIAS = re.compile(r"^G\['__import_(\w+)'\]\.")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{2,}$")
+
+
+def environ_reads(source: str) -> dict[str, str | None] | None:
+    """The environment variables a module that reads ``os.environ`` in traced code may read, with
+    their values here: every upper-case string constant of its code (``"TRANSFORMERS_SDPA_FORCE_
+    GQA"``). Dynamo guards none of the variables (``os.environ.get`` is traced through), so they
+    are recorded with the entry and compared before it loads. None when the reading module
+    cannot be found from the guard's source (``G['__import_<module>'].os.environ``)."""
+    found = _IMPORT_ALIAS.match(source)
+    module = sys.modules.get(found.group(1).replace("_dot_", ".")) if found else None
+    if module is None:
+        return None
+    # (and its module-level strings: ``ENV = "MY_FLAG"`` read as ``os.environ.get(ENV)``)
+    names = {v for v in vars(module).values() if isinstance(v, str) and _ENV_NAME.match(v)}
+    stack: list[Any] = [v for v in vars(module).values() if inspect.isfunction(v) or inspect.isclass(v)]
+    codes: list[types.CodeType] = []
+    for value in stack:
+        if inspect.isclass(value):
+            if getattr(value, "__module__", None) == module.__name__:
+                codes += [f.__code__ for f in vars(value).values() if inspect.isfunction(f)]
+        elif getattr(value, "__module__", None) == module.__name__:
+            codes.append(value.__code__)
+    while codes:
+        code = codes.pop()
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                codes.append(const)
+            elif isinstance(const, str) and _ENV_NAME.match(const):
+                names.add(const)
+    return {name: os.environ.get(name) for name in sorted(names)}
+
+
+def environ_differs(recorded: dict[str, str | None]) -> str | None:
+    """Why this process's environment differs from what an entry was traced under, else None."""
+    for name, value in recorded.items():
+        here = os.environ.get(name)
+        if here != value:
+            return (f"the environment variable {name} is {'unset' if here is None else repr(here)} "
+                    f"here but was {'unset' if value is None else repr(value)} where the entry was "
+                    f"traced (read through os.environ in traced code)")
+    return None
+
+
 #: A builtin the traced code called, through the frame's builtins dict (Dynamo names it by
 #: its counter): ``G['__builtins_dict___0']['max']``.
 _BUILTINS_DICT = re.compile(r"^G\['__builtins_dict___\d+'\]\['(\w+)'\]$")
@@ -473,11 +520,18 @@ def _pin_builtin_absence(report: GuardReport, name: str, region_frame: bool) -> 
     would shadow it, and Dynamo's saved guards do not say the name was absent from the module's
     globals. In the region's own frame that absence becomes a pin on the block's module (checked
     at every call and before load); elsewhere it cannot be checked: why it declines."""
-    if not region_frame:
-        return ("a builtin called in a frame Dynamo traced apart from the region's call: whether "
-                "a module global shadows it cannot be checked there")
-    block = (_guard_builder_locals() or {}).get("output_graph")
-    scope = getattr(block, "local_scope", None)
+    graph = (_guard_builder_locals() or {}).get("output_graph")
+    if not region_frame:  # a frame traced apart: its own module's globals, found by name
+        scope = getattr(graph, "global_scope", None)
+        owner = scope.get("__name__") if isinstance(scope, dict) else None
+        if not isinstance(owner, str) or getattr(sys.modules.get(owner), "__dict__", None) is not scope:
+            return ("a builtin called in a frame Dynamo traced apart from the region's call, "
+                    "whose module cannot be found by name: whether a module global shadows it "
+                    "cannot be checked there")
+        report.pins.setdefault(f"__import__('sys').modules[{owner!r}].__dict__.get({name!r})",
+                               scope.get(name))
+        return None
+    scope = getattr(graph, "local_scope", None)
     module = scope.get("self") if isinstance(scope, dict) else None
     forward = getattr(getattr(module, "forward", None), "__globals__", None)
     if not isinstance(forward, dict):
@@ -499,6 +553,8 @@ class GuardReport:
     #: rebinding (monkeypatching) would change. Checked by the caller: at every call in
     #: process, and against the publisher's when an entry loads.
     pins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Environment variables read through os.environ in traced code, with their values then.
+    environ: dict[str, str | None] = dataclasses.field(default_factory=dict)
     #: The values each traced graph was traced under (:mod:`.values`).
     values: ValueRecorder = dataclasses.field(default_factory=ValueRecorder)
     #: Declined because a part compiled whole graph-broke in its own frame: a decline of the
@@ -572,6 +628,8 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                 if decision.action == DECLINE and decision.reason not in report.declined:
                     report.declined.append(decision.reason)
                 elif entry.has_value:
+                    if entry.value is os.environ:
+                        report.environ.update(environ_reads(entry.name) or {})
                     source = entry.orig_guard.name
                     described = describe_value(entry.guard_type, entry.value, source,
                                                attr=hasattr_name(entry))

@@ -65,7 +65,9 @@ def _module_names(module: types.ModuleType) -> str:
     if top in ("torch", "builtins") or top in sys.stdlib_module_names:
         return ""
     try:
-        names = sorted(n for n in list(vars(module)) if not n.startswith("__"))
+        # (nor the resume functions Dynamo installs where a frame of the module graph-breaks)
+        names = sorted(n for n in list(vars(module))
+                       if not n.startswith(("__", "torch_dynamo_resume")))
     except TypeError:
         return " names:?"
     return f" names:{hashlib.sha256(chr(0).join(names).encode()).hexdigest()[:16]}"
@@ -179,8 +181,10 @@ class Pins:
         self._alike: dict[str, list[Any]] = {}
         self._code: types.CodeType | None = None
         self._namespace = {"__builtins__": builtins, "G": _Globals(scope)}
-        #: Per pin on a user module: how many names it held when pinned.
+        #: Per pin on a user module: how many names it held when pinned (and their digest: a
+        #: name Dynamo installs there, a resume function, changes the count, not the digest).
         self._sizes: dict[str, int] = {}
+        self._names: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -219,6 +223,7 @@ class Pins:
             terms.append(f"({source}) is _{i}")
             if inspect.ismodule(value) and _module_names(value):
                 self._sizes.setdefault(source, len(vars(value)))  # as when first pinned
+                self._names.setdefault(source, _module_names(value))
                 terms.append(f"len(vars(_{i})) == {self._sizes[source]}")
         self._code = compile(" and ".join(terms), "<compile_cache pins>", "eval")
         # The roots (``G['torch']``, ``G['__import_<module>']``) are Python modules: objects that
@@ -246,12 +251,17 @@ class Pins:
                 return None
         except Exception:  # noqa: BLE001 - one source no longer resolves: find which below
             pass
+        resized = False
         for source, value in self._objects.items():
             mine = on_block(source)
             found = _evaluate(source, self.scope, block if mine else _NO_BLOCK)
             if found is value and source in self._sizes and len(vars(value)) != self._sizes[source]:
-                return (f"{source} ({describe(value)}) gained or lost a name after compiling (code "
-                        f"traced with a name absent, getattr's default or hasattr, would be stale)")
+                if _module_names(value) != self._names[source]:
+                    return (f"{source} ({describe(value)}) gained or lost a name after compiling "
+                            f"(code traced with a name absent, getattr's default or hasattr, "
+                            f"would be stale)")
+                self._sizes[source] = len(vars(value))  # only names Dynamo installs
+                resized = True
             if found is value:
                 continue
             if mine and found is not _MISSING and self._alike_of(source, value, found):
@@ -262,6 +272,8 @@ class Pins:
                         f"the group's compiled code was traced with (set after compiling, or "
                         f"different between the group's blocks)")
             return f"{source} was rebound after compiling (now {text}, was {describe(value)})"
+        if resized:
+            self._compile()
         return None
 
     def _alike_of(self, source: str, pinned: Any, found: Any) -> bool:
