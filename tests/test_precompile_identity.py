@@ -57,9 +57,13 @@ del _wrapped
     # the same source in another frame (after a graph break): self is not the block
     (_Entry("BUILTIN_MATCH", "self.act", torch.nn.functional.gelu), False, DECLINE,
      "traced apart from the region's call"),
-    # a function passed as an argument: not on the block, not checkable per call
-    (_Entry("CLOSURE_MATCH", "args[1]", _local_function, derived=()), True, DECLINE,
-     "reached from the call's arguments"),
+    # a function passed as an argument: pinned on the call (issue 53: checked at each call,
+    # against the publisher's at the first call after a load)
+    (_Entry("CLOSURE_MATCH", "args[1]", _local_function, derived=()), True, DROP, PINNED),
+    # transformers' DynamicCache.update, reached through the class of a KV-cache argument
+    (_Entry("CLOSURE_MATCH", "dict(type(kwargs['past_key_values']).__mro__[1].__dict__)"
+            "['update'].__closure__[1].cell_contents", _local_function, derived=()), True, DROP,
+     PINNED),
     # Mamba: the torch module and torch's pytree registry, reached by __import__
     (_Entry("ID_MATCH", "__import__('torch')", torch), False, DROP, PINNED),
     (_Entry("BUILTIN_MATCH", "list(dict.keys(__import__('torch').utils._pytree.SUPPORTED_NODES))[0]",
@@ -720,3 +724,30 @@ def test_environment_variables_read_in_traced_code_are_recorded_and_compared(mon
     monkeypatch.setenv("CC_I53_OTHER", "b")
     assert "CC_I53_OTHER is 'b' here but was unset" in environ_differs(recorded)
     assert environ_reads("G['os'].environ") is None  # the reading module is not known
+
+
+def test_a_pin_on_the_calls_arguments_is_checked_at_each_call_and_after_a_load() -> None:
+    """A pin reached from the call's arguments (a KV cache's class method): compared by identity
+    at each call; restored with an entry, against the publisher's description at the first call
+    (no call exists before the load); not checked on a call that does not pass the argument."""
+    source = "type(kwargs['cache']).update"
+
+    class Cache:
+        def update(self) -> None:
+            """The method the traced code reached."""
+
+    pins = Pins({})
+    pins.add({source: Cache.update})
+    assert pins.changed(None, (), {"cache": Cache()}) is None
+    assert pins.changed(None, (), {}) is None  # not passed: the entry's own guards rule it out
+    original = Cache.update
+    Cache.update = lambda self: None  # swapped after compiling
+    assert "update" in (pins.changed(None, (), {"cache": Cache()}) or "")
+    Cache.update = original
+    loaded = Pins({})
+    loaded.add_current({source: describe(Cache.update)})
+    assert loaded.watching and verify({source: describe(Cache.update)}, {}) is None
+    assert loaded.changed(None, (), {"cache": Cache()}) is None
+    other = Pins({})
+    other.add_current({source: "somewhere.else:0"})
+    assert "at this call but was somewhere.else:0" in (other.changed(None, (), {"cache": Cache()}) or "")

@@ -381,7 +381,7 @@ class PrecompiledFunction:
         if self.declined is not None:
             return self.compiled(*args, **kwargs)
         if self.pins.watching:  # every call: a global rebound since the trace declines
-            moved = self.pins.changed(args[0] if args else None)
+            moved = self.pins.changed(args[0] if args else None, args[1:], kwargs)
             if moved is not None:
                 self.decline_persists = False
                 self._decline_during_call(moved)

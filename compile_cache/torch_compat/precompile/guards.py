@@ -105,7 +105,8 @@ DECLINED = "declined"
 #: * ``DECLINED``: the group compiles without precompile (warned and counted).
 GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
     # values: the check is on a constant the guard holds (re-read from a live source at rebuild)
-    "EQUALS_MATCH": (RECORDED, "the value (primitives, enums, dtypes, tuples of them)"),
+    "EQUALS_MATCH": (RECORDED, "the value (primitives, enums, dtypes, tuples of them); another "
+                               "value on a global or a class declines"),
     "CONSTANT_MATCH": (RECORDED, "the constant"),
     "CONSTANT_SUBCLASS_MATCH": (RECORDED, "the constant, by its type and value"),
     "BOOL_MATCH": (RECORDED, "the bool"),
@@ -115,9 +116,12 @@ GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
     "HASATTR": (RECORDED, "presence or absence of the attribute"),
     "NOT_PRESENT_IN_GENERIC_DICT": (RECORDED, "the attribute's absence: held by the guard"),
     "SEQUENCE_LENGTH": (RECORDED, "the length"),
-    "TUPLE_ITERATOR_LEN": (RECORDED, "the length"),
-    "RANGE_ITERATOR_MATCH": (RECORDED, "on the call's objects only (pickled by value)"),
-    "COUNT_ITERATOR_MATCH": (RECORDED, "on the call's objects only (pickled by value)"),
+    "TUPLE_ITERATOR_LEN": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                     "global (no portable description)"),
+    "RANGE_ITERATOR_MATCH": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                       "global"),
+    "COUNT_ITERATOR_MATCH": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                       "global"),
     "DICT_KEYS_MATCH": (RECORDED, "the keys, in order"),
     "MAPPING_KEYS_CHECK": (RECORDED, "the keys, in order"),
     "DICT_CONTAINS": (RECORDED, "the key and whether it is in: held by the guard"),
@@ -126,7 +130,8 @@ GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
     "SET_NOT_CONTAINS": (RECORDED, "the item and whether it is in: held by the guard"),
     "EMPTY_NN_MODULE_HOOKS_DICT": (RECORDED, "emptiness: held by the guard"),
     "TENSOR_MATCH": (RECORDED, "a call's tensor: pickled with the entry; a global's metadata"),
-    "DISPATCH_KEY_SET_MATCH": (RECORDED, "the dispatch keys"),
+    "DISPATCH_KEY_SET_MATCH": (RECORDED, "a call's dispatch keys (pickled by value); declined on "
+                                         "a global"),
     "DUPLICATE_INPUT": (RECORDED, "which inputs alias: held by the guard"),
     "SHAPE_ENV": (RECORDED, "the symbolic-shape guards: held by the guard"),
     "GLOBAL_STATE": (RECORDED, "grad mode, autocast, thread count...: held by the guard"),

@@ -36,7 +36,8 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["Pins", "builtin_shadow_source", "class_pins", "code_digest", "describe", "on_block", "verify"]
+__all__ = ["Pins", "builtin_shadow_source", "class_pins", "code_digest", "describe", "on_block",
+           "on_call", "verify"]
 
 def describe(value: Any) -> str:
     """A description of what a global names that is the same in every process that binds the
@@ -112,11 +113,26 @@ _NO_BLOCK = object()
 _FREE_NAME = re.compile(r"(?<![\w.'\"])[A-Za-z_]\w*")
 
 
+_CALL_LOCALS = frozenset({"self", "args", "kwargs"})
+
+
+def _locals_of(source: str) -> set[str]:
+    return {n for n in _FREE_NAME.findall(source) if not hasattr(builtins, n)}
+
+
 def on_block(source: str) -> bool:
-    """Whether a pin's source starts from the block (``self...``, ``dict(type(self).__dict__)
-    ['scale'].fget``: only ``self`` and builtins), not from a global."""
-    names = {n for n in _FREE_NAME.findall(source) if not hasattr(builtins, n)}
-    return names == {"self"}
+    """Whether a pin's source starts from the region's call (the block ``self...``, ``dict(type(
+    self).__dict__)['scale'].fget``, or its ``args`` / ``kwargs``: only those and builtins), not
+    from a global."""
+    names = _locals_of(source)
+    return bool(names) and names <= _CALL_LOCALS
+
+
+def on_call(source: str) -> bool:
+    """Whether a pin's source starts from the call's arguments (``type(kwargs['past_key_values'])
+    ...``): checked at each call, and against the publisher's description at the first call after
+    a load (no call exists before it)."""
+    return on_block(source) and bool(_locals_of(source) & {"args", "kwargs"})
 
 
 def class_pins(block: Any) -> dict[str, Any]:
@@ -141,13 +157,17 @@ def builtin_shadow_source(name: str) -> str:
     return f"self.forward.__globals__.get({name!r})"
 
 
-def _evaluate(source: str, scope: dict[str, Any], block: Any = _NO_BLOCK) -> Any:
-    """What ``source`` names now (``self``: ``block``); ``_MISSING`` when it cannot be evaluated."""
+def _evaluate(source: str, scope: dict[str, Any], block: Any = _NO_BLOCK,
+              call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:
+    """What ``source`` names now (``self``: ``block``; ``args``, ``kwargs``: ``call``'s);
+    ``_MISSING`` when it cannot be evaluated."""
     code = _CODES.get(source)
     try:
         if code is None:
             code = _CODES[source] = compile(source, "<compile_cache pin>", "eval")
         local = {} if block is _NO_BLOCK else {"self": block}
+        if call is not None:
+            local["args"], local["kwargs"] = call
         return eval(code, {"__builtins__": builtins, "G": _Globals(scope)}, local)  # noqa: S307
     except Exception:  # noqa: BLE001 - a source that no longer resolves has changed
         return _MISSING
@@ -157,6 +177,8 @@ def verify(described: dict[str, str], scope: dict[str, Any], block: Any = _NO_BL
     """None when every pin a publisher recorded names the same thing here (a pin on the block
     evaluated on ``block``), else what differs."""
     for source, expected in described.items():
+        if on_call(source):
+            continue  # checked at the first call (Pins.add_current)
         if on_block(source) and block is _NO_BLOCK:
             return f"{source}: no block to check it on"
         value = _evaluate(source, scope, block)
@@ -185,6 +207,9 @@ class Pins:
         #: name Dynamo installs there, a resume function, changes the count, not the digest).
         self._sizes: dict[str, int] = {}
         self._names: dict[str, str] = {}
+        #: Pins on the call's arguments restored with an entry: source -> the publisher's
+        #: description, compared at the next call (then pinned by identity).
+        self._deferred: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -192,7 +217,7 @@ class Pins:
     @property
     def watching(self) -> bool:
         """Whether there is anything to check."""
-        return self._code is not None
+        return self._code is not None or bool(self._deferred)
 
     def add(self, pins: dict[str, Any]) -> None:
         """Pins seen while tracing (source -> object); the first object per source is kept."""
@@ -204,6 +229,9 @@ class Pins:
         """Pins restored with an entry (verified; a pin on the block on ``block``): what they
         name now."""
         for source in sources:
+            if on_call(source) and isinstance(sources, dict):
+                self._deferred[source] = sources[source]  # described: checked at the next call
+                continue
             value = _evaluate(source, self.scope, block if on_block(source) else _NO_BLOCK)
             if value is not _MISSING:
                 self._objects.setdefault(source, value)
@@ -241,20 +269,28 @@ class Pins:
                 break
         self._namespace["G"] = roots if roots is not None else _Globals(self.scope)
 
-    def changed(self, block: Any = None) -> str | None:
+    def changed(self, block: Any = None, args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None) -> str | None:
         """None while every pin names the object it named when traced (a pin on the block: on
-        ``block``, the block being called), else which one moved."""
+        ``block``, the block being called; on the call's ``args`` / ``kwargs``: this call's),
+        else which one moved. A pin on an argument the call does not pass is not checked: the
+        entry's own guards on the arguments rule that entry out."""
+        call = (args, kwargs or {})
+        if self._deferred and (moved := self._check_deferred(block, call)) is not None:
+            return moved
         if self._code is None:
             return None
         try:
-            if eval(self._code, self._namespace, {"self": block}):  # noqa: S307 - Dynamo's sources
+            if eval(self._code, self._namespace, {"self": block, "args": call[0], "kwargs": call[1]}):  # noqa: S307
                 return None
         except Exception:  # noqa: BLE001 - one source no longer resolves: find which below
             pass
         resized = False
         for source, value in self._objects.items():
             mine = on_block(source)
-            found = _evaluate(source, self.scope, block if mine else _NO_BLOCK)
+            found = _evaluate(source, self.scope, block if mine else _NO_BLOCK, call)
+            if found is _MISSING and on_call(source):
+                continue
             if found is value and source in self._sizes and len(vars(value)) != self._sizes[source]:
                 if _module_names(value) != self._names[source]:
                     return (f"{source} ({describe(value)}) gained or lost a name after compiling "
@@ -273,6 +309,24 @@ class Pins:
                         f"different between the group's blocks)")
             return f"{source} was rebound after compiling (now {text}, was {describe(value)})"
         if resized:
+            self._compile()
+        return None
+
+    def _check_deferred(self, block: Any, call: tuple[tuple[Any, ...], dict[str, Any]]) -> str | None:
+        """The first call after a load: pins on the arguments, against the publisher's."""
+        resolved = False
+        for source, expected in list(self._deferred.items()):
+            found = _evaluate(source, self.scope, block, call)
+            if found is _MISSING:
+                continue  # not passed in this call
+            text = describe(found)
+            if text != expected:
+                return (f"{source} is {text} at this call but was {expected} where the entry was "
+                        f"published")
+            del self._deferred[source]
+            self._objects.setdefault(source, found)
+            resolved = True
+        if resolved:
             self._compile()
         return None
 
