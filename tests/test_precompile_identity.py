@@ -57,10 +57,12 @@ del _wrapped
     # the same source in another frame (after a graph break): self is not the block
     (_Entry("BUILTIN_MATCH", "self.act", torch.nn.functional.gelu), False, DECLINE,
      "traced apart from the region's call"),
-    # a function passed as an argument: pinned on the call (issue 53: checked at each call,
-    # against the publisher's at the first call after a load)
-    (_Entry("CLOSURE_MATCH", "args[1]", _local_function, derived=()), True, DROP, PINNED),
-    # transformers' DynamicCache.update, reached through the class of a KV-cache argument
+    # a function passed as an argument: not on the block, not checkable per call
+    (_Entry("CLOSURE_MATCH", "args[1]", _local_function, derived=()), True, DECLINE,
+     "reached from the call's arguments"),
+    # transformers' DynamicCache.update, reached through the class of a KV-cache argument: a
+    # pin on the call (issue 53: checked at each call, against the publisher's at the first
+    # call after a load)
     (_Entry("CLOSURE_MATCH", "dict(type(kwargs['past_key_values']).__mro__[1].__dict__)"
             "['update'].__closure__[1].cell_contents", _local_function, derived=()), True, DROP,
      PINNED),

@@ -58,6 +58,7 @@ from typing import Any
 from ...errors import PrecompileDeclined
 from .pins import builtin_shadow_source
 from .pins import on_block as pins_on_block
+from .pins import on_call as pins_on_call
 from .values import ValueRecorder, describe_value, hasattr_name, record_key
 
 __all__ = [
@@ -394,7 +395,9 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
             return GuardDecision(DECLINE, f"{gtype} on {entry.name}: a module's method, in a "
                                  f"frame where it cannot be checked at each call")
     if _identity_describable(value):
-        if region_frame and pins_on_block(entry.name):
+        # an object the call passes itself (a function argument) is not pinned: a group called
+        # with another each time would decline at once; only what its class defines is
+        if region_frame and pins_on_block(entry.name) and not pins_on_call(entry.name):
             return GuardDecision(DROP, PINNED)
         where = ("reached from the call's arguments, not from the block" if region_frame else
                  "in a frame Dynamo traced apart from the region's call (after a graph break)")
