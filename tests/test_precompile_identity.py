@@ -753,3 +753,22 @@ def test_a_pin_on_the_calls_arguments_is_checked_at_each_call_and_after_a_load()
     other = Pins({})
     other.add_current({source: "somewhere.else:0"})
     assert "at this call but was somewhere.else:0" in (other.changed(None, (), {"cache": Cache()}) or "")
+
+
+def test_a_failed_load_leaves_no_global_behind_and_moves_the_counter_past_it() -> None:
+    """A load that raised half-way (issue 53: a numpy class attribute's entry) had installed the
+    package's globals into the function's namespace; the trace that followed picked the same
+    counter-named global and raised ``Name '__builtins_dict___0' already exists in scope``."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    from compile_cache.torch_compat.precompile import _undo_load
+
+    scope: dict[str, Any] = {"torch": torch}
+    fn = types.FunctionType(compile("def f():\n    return 1\n", "<i53>", "exec").co_consts[0], scope)
+    before = frozenset(scope)
+    top = next(bt._unique_id_counter) + 500
+    scope[f"__builtins_dict___{top}"] = {}  # what the publisher's counter named
+    scope["__import_cc_i53"] = torch
+    _undo_load(fn, before)
+    assert set(scope) == {"torch"}
+    assert next(bt._unique_id_counter) > top
