@@ -444,7 +444,8 @@ class PrecompileTracker:
             out[code_name] = pf.entry_path()
             self._sent[code_name] = digest
             self._new[pf.fn.__qualname__] = {"pins": pf.pins.described(),
-                                             "values": pf.graph_records()}
+                                             "values": pf.graph_records(),
+                                             "environ": dict(pf.report.environ)}
         return out
 
     def metadata(self) -> dict[str, Any]:
@@ -491,7 +492,8 @@ def _record_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """The part of an entry's record a load proves itself with (pins and per-graph values)."""
     if not isinstance(record, dict) or "pins" not in record:
         return None
-    return {"pins": record.get("pins"), "values": record.get("values")}
+    return {"pins": record.get("pins"), "values": record.get("values"),
+            "environ": record.get("environ") or {}}
 
 
 _warned_global_flag = False

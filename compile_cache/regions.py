@@ -95,7 +95,9 @@ PER_CALL_RECOMPILE_LIMIT = "recompile_limit" in _COMPILE_KWARGS
 
 _LOCK = threading.Lock()
 _PLANS: weakref.WeakKeyDictionary[nn.Module, RegionPlan] = weakref.WeakKeyDictionary()
-_FUNCTIONS: dict[str, types.FunctionType] = {}
+# (code name, id of the blocks' module namespace) -> the group's function, and that namespace
+# (held, so that its id is never reused while the function lives).
+_FUNCTIONS: dict[tuple[str, int], tuple[types.FunctionType, dict[str, Any] | None]] = {}
 
 
 def _trampoline(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -105,20 +107,52 @@ def _trampoline(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return self._call_impl(*args, **kwargs)
 
 
-def _region_function(code_name: str) -> types.FunctionType:
+def _region_function(code_name: str, scope: dict[str, Any] | None = None) -> types.FunctionType:
     """One function, with its own code object, per group: Dynamo caches per code object.
 
-    Same fingerprint, same code object, even across models and calls, so a second instance of
-    an architecture reuses the compiled graphs (guards permitting).
+    Same fingerprint and same module namespace (``scope``: the globals of the blocks' code),
+    same code object, even across models and calls, so a second instance of an architecture
+    reuses the compiled graphs (guards permitting). Two modules loaded under one name have the
+    same fingerprint but not the same namespace: they never share a function or compiled code.
     """
-    fn = _FUNCTIONS.get(code_name)
-    if fn is None:
-        code = _trampoline.__code__.replace(co_name=code_name)
-        if hasattr(code, "co_qualname"):
-            code = code.replace(co_qualname=code_name)
-        fn = types.FunctionType(code, _trampoline.__globals__, code_name)
-        _FUNCTIONS[code_name] = fn
-    return fn
+    key = (code_name, 0 if scope is None else id(scope))
+    with _LOCK:
+        found = _FUNCTIONS.get(key)
+        if found is None:
+            code = _trampoline.__code__.replace(co_name=code_name)
+            if hasattr(code, "co_qualname"):
+                code = code.replace(co_qualname=code_name)
+            found = _FUNCTIONS[key] = (types.FunctionType(code, _trampoline.__globals__, code_name),
+                                       scope)
+    return found[0]
+
+
+def _block_functions(module: nn.Module) -> list[Any]:
+    """The Python functions a block's call may run as its own code: its and its submodules'
+    class methods (properties, static and class methods included), below ``torch.nn``, and
+    functions stored on the instances (an instance-bound ``forward``)."""
+    found: list[Any] = []
+    seen: set[type] = set()
+    for sub in module.modules():
+        found.extend(v for v in vars(sub).values() if inspect.isfunction(v))
+        for cls in type(sub).__mro__:
+            if cls in seen or cls.__module__.split(".", 1)[0] in ("torch", "builtins"):
+                continue
+            seen.add(cls)
+            for value in vars(cls).values():
+                if isinstance(value, (staticmethod, classmethod)):
+                    value = value.__func__
+                if isinstance(value, property):
+                    found.extend(f for f in (value.fget, value.fset) if inspect.isfunction(f))
+                elif inspect.isfunction(value):
+                    found.append(value)
+    return found
+
+
+def _blocks_scope(module: nn.Module) -> dict[str, Any] | None:
+    """The module namespace of the block's ``forward`` (what its code reads as globals)."""
+    forward = getattr(type(module).forward, "__globals__", None)
+    return forward if isinstance(forward, dict) else None
 
 
 class _GroupState:
@@ -146,6 +180,9 @@ class _GroupState:
         self.cache_calls: kv_calls.CacheCalls | None = None  # blocks that take a KV cache
         self.takes_cache = False
         self.eager_resumes: set[str] = set()
+        #: Why the group's code cannot be compiled against its own module's globals (two modules
+        #: loaded under one name: dynamo.foreign_globals); the blocks then run eagerly, warned.
+        self.foreign: str | None = None
 
     @property
     def code_name(self) -> str:
@@ -521,6 +558,40 @@ class _RegionRunner:
         return out
 
 
+class _ForeignRunner(_RegionRunner):
+    """A group whose code Dynamo would guard against another module's globals
+    (:func:`.torch_compat.dynamo.foreign_globals`): every call runs the block eagerly, counted and warned once."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        on_end = self.on_end
+        start = time.perf_counter() if on_end is not None else 0.0
+        self.state.report_eager(self.module, _foreign_reason(self.state.foreign or ""),
+                                cause="foreign globals")
+        out = module_calls.eager_call(self.module, *args, **kwargs)
+        if on_end is not None:
+            on_end(time.perf_counter() - start)
+        return out
+
+
+def _foreign_globals(members: list[nn.Module]) -> str | None:
+    """Why the blocks' code would be guarded against another module's globals, else None."""
+    classes = {type(m): m for m in members}
+    for member in classes.values():
+        reason = dynamo.foreign_globals(_block_functions(member))
+        if reason is not None:
+            return reason
+    return None
+
+
+def _foreign_reason(reason: str) -> str:
+    return (f"{reason}; Dynamo reads and guards an inlined function's globals through the module "
+            f"registered under their name, so the compiled code would use that module's values. "
+            f"Give each module its own name (or register it in sys.modules before compiling) to "
+            f"compile it")
+
+
 class _ObservedCall:
     """Wraps a compiled root call that is not ours (an earlier ``module.compile()``), so that
     :func:`observe_calls` hears of each call's end outside compiled code."""
@@ -582,13 +653,7 @@ def install(
     kwargs = dict(plan.compile_kwargs)
     disabled = plan.disabled
     modules = dict(model.named_modules())
-    wanted: dict[str, tuple[str, str, int]] = {}
-    if not disabled:
-        for g in plan.groups:
-            for name in g.names:
-                wanted[name] = (g.code_name, f"{g.class_name} x{g.size} [{abbreviate(g.names)}]", g.size)
-        for p in plan.compiled_rest:
-            wanted[p.name] = (p.code_name, f"{p.name or '<root>'} ({p.class_name})", 1)
+    wanted = _wanted(plan)
 
     # Undo our earlier installs on modules this plan no longer compiles.
     for name, mod in modules.items():
@@ -605,16 +670,21 @@ def install(
     groups = GroupPrecompiler(precompile, _trampoline) if precompile is not None else None
     for name, (code_name, label, size) in wanted.items():
         mod = modules[name]
-        fn = _region_function(code_name)
+        scope = _blocks_scope(mod)
+        fn = _region_function(code_name, scope)
         state = states.get(code_name)
         if state is None:
             members = [modules[n] for n in wanted_members.get(code_name, [name])]
             varying = varying_attributes(members)
             state = states[code_name] = _GroupState(label, fn.__code__, size, varying)
+            state.foreign = _foreign_globals(members)
             _prepare_group(state, mod, kwargs)
         existing = _installed(mod)
-        key = (code_name, frozen)
-        if isinstance(existing, _RegionRunner) and existing.key == key:
+        key = (code_name, frozen, 0 if scope is None else id(scope))
+        if state.foreign is not None:  # eagerly, warned: Dynamo would read another module
+            module_calls.set_compiled_call(mod, _ForeignRunner(None, state, key, mod))
+            continue
+        if isinstance(existing, _RegionRunner) and existing.key == key and existing.compiled is not None:
             compiled = existing.compiled  # called again with the same keywords: keep it
             state.region = existing.state.region
         else:
@@ -648,6 +718,18 @@ def install(
         _PLANS[model] = plan
     logger.info("%s", plan.describe())
     return functions
+
+
+def _wanted(plan: RegionPlan) -> dict[str, tuple[str, str, int]]:
+    """Module name -> (code name, label, group size) of every module the plan compiles."""
+    wanted: dict[str, tuple[str, str, int]] = {}
+    if not plan.disabled:
+        for g in plan.groups:
+            for name in g.names:
+                wanted[name] = (g.code_name, f"{g.class_name} x{g.size} [{abbreviate(g.names)}]", g.size)
+        for p in plan.compiled_rest:
+            wanted[p.name] = (p.code_name, f"{p.name or '<root>'} ({p.class_name})", 1)
+    return wanted
 
 
 def _routed_functions(compiled: CacheRoutedCall, code_name: str,

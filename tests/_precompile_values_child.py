@@ -106,8 +106,10 @@ class Case:
         self.rec["reports"] = [{"groups": r.precompile_groups, "published_packs": r.published_packs,
                                 "restored_packs": r.restored_packs,
                                 "unproven": r.precompile_unproven} for r in self._reports]
+        # (not the one-time notice that an explicit precompile=True is under review)
         self.rec["warnings"] = [str(w.message) for w in self.caught
-                                if issubclass(w.category, compile_cache.RegionPrecompileWarning)]
+                                if issubclass(w.category, compile_cache.RegionPrecompileWarning)
+                                and "precompile is under review" not in str(w.message)]
         print("CASE " + json.dumps(self.rec), flush=True)
         return True
 
@@ -520,6 +522,147 @@ def case_kv_cache_group() -> None:
     dynamic entries); the fresh node prefills at 4, then 3, lengths those entries would serve,
     were their values not proven."""
     kv_cache_case("kv_cache_group", 2, (4,) if LOAD else (5, 7))
+
+
+# ----------------------------------------- four more ways to be wrong (issue 53), and a crash
+
+
+def case_absent_value() -> None:
+    """``getattr(settings, "EXTRA", 0.0)`` on a settings module that lacks EXTRA when traced;
+    the fresh node sets it at run time before compiling."""
+    module("absent_settings", "")
+    source = """
+    import cc_values_absent_settings as settings
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x)) + getattr(settings, "EXTRA", 0.0)
+    """
+
+    def before(mod) -> None:
+        mod.settings.EXTRA = 3.0
+
+    run("absent_value", source, before=before if LOAD else None)
+
+
+def case_absent_env() -> None:
+    """``os.environ.get("CC_I53_ACT", "tanh")`` in forward, the variable set only on the fresh
+    node."""
+    source = """
+    import os
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return torch.tanh(y) if os.environ.get("CC_I53_ACT", "tanh") == "tanh" else torch.sigmoid(y) * 3
+    """
+    if LOAD:
+        os.environ["CC_I53_ACT"] = "sigmoid"
+    try:
+        run("absent_env", source)
+    finally:
+        os.environ.pop("CC_I53_ACT", None)
+
+
+def case_shadowed_builtin() -> None:
+    """``max(...)`` in forward; the fresh node binds a module global ``max = min``."""
+    source = """
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return self.lin(x) * max(1.0, 2.5)
+    """
+    run("shadowed_builtin", source, before=(lambda mod: setattr(mod, "max", min)) if LOAD else None)
+
+
+PROPERTY = """
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    @property
+    def scale(self):
+        return 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+"""
+
+
+def case_property_swap() -> None:
+    """A block class's property replaced after the first call, in the same process."""
+    with Case("property_swap") as c:
+        mod = module("property_swap", PROPERTY)
+        model, ref = c.model(mod.Block)
+        c.compile(model)
+        with torch.no_grad():
+            c.check("before", model(X), ref(X))
+            mod.Block.scale = property(lambda s: 5.0)
+            c.check("after", model(X), ref(X))
+
+
+TWIN = HEADER + """
+SCALE = {scale}
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * SCALE
+"""
+
+
+def case_twin_modules() -> None:
+    """Two files with the same Block and another SCALE, loaded in turn under one name
+    (``spec_from_file_location``, registered), one model from each, compiled in turn."""
+    import importlib.util
+
+    with Case("twin_modules") as c:
+        for label, scale in (("first", 1.0), ("second", 10.0)):
+            path = os.path.join(MODULES, f"twin_{label}", "cc_values_twin.py")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(TWIN.format(scale=scale))
+            spec = importlib.util.spec_from_file_location("cc_values_twin", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["cc_values_twin"] = mod
+            spec.loader.exec_module(mod)
+            model, ref = c.model(mod.Block)
+            c.compile(model)
+            with torch.no_grad():
+                c.check(label, model(X), ref(X))
+
+
+def case_numpy_scale() -> None:
+    """A class attribute that is a numpy scalar (``scale = np.float32(2.0)``)."""
+    source = """
+    import numpy as np
+
+    class Block(nn.Module):
+        scale = np.float32(2.0)
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x)) * self.scale
+    """
+    run("numpy_scale", source, calls=("fwd", "again"))
 
 
 CASES = ["global_edited", "global_runtime", "global_numbers", "global_enum", "shared_module",

@@ -495,7 +495,8 @@ def _my_function(x: Any) -> Any:
             derived=("ID_MATCH",)), DROP),
     (_Entry("CLOSURE_MATCH", "G['_my_function']", _my_function, is_global=True), DROP),
     (_Entry("ID_MATCH", "L['self']._modules['lin']", nn.Linear(1, 1)), DROP),
-    (_Entry("CLOSURE_MATCH", "type(L['self']).forward", _Block.forward), DROP),
+    # through the class, outside the region's own frame: nothing checks it at each call there
+    (_Entry("CLOSURE_MATCH", "type(self).forward", _Block.forward), DECLINE),
     (_Entry("CLOSURE_MATCH", "L['self'].act", _my_function), DECLINE),
     (_Entry("BUILTIN_MATCH", "L['self'].act", torch.tanh, derived=("ID_MATCH",)), DECLINE),
     (_Entry("ID_MATCH", "G['CONFIG']", object(), is_global=True), DECLINE),

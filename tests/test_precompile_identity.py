@@ -60,6 +60,12 @@ del _wrapped
     # a function passed as an argument: not on the block, not checkable per call
     (_Entry("CLOSURE_MATCH", "args[1]", _local_function, derived=()), True, DECLINE,
      "reached from the call's arguments"),
+    # transformers' DynamicCache.update, reached through the class of a KV-cache argument: a
+    # pin on the call (issue 53: checked at each call, against the publisher's at the first
+    # call after a load)
+    (_Entry("CLOSURE_MATCH", "dict(type(kwargs['past_key_values']).__mro__[1].__dict__)"
+            "['update'].__closure__[1].cell_contents", _local_function, derived=()), True, DROP,
+     PINNED),
     # Mamba: the torch module and torch's pytree registry, reached by __import__
     (_Entry("ID_MATCH", "__import__('torch')", torch), False, DROP, PINNED),
     (_Entry("BUILTIN_MATCH", "list(dict.keys(__import__('torch').utils._pytree.SUPPORTED_NODES))[0]",
@@ -73,6 +79,21 @@ del _wrapped
      DECLINE, "a global Dynamo installed in this process only"),
     # something with no portable description still declines
     (_Entry("ID_MATCH", "self.table", object()), True, DECLINE, "builtins.object"),
+    # a property's getter, a method, reached through the block's class (issue 53): swapped after
+    # compiling, the running process must see it: a pin on the block, checked at every call
+    (_Entry("CLOSURE_MATCH", "dict(type(self).__dict__)['scale'].fget", _local_function,
+            derived=()), True, DROP, PINNED),
+    (_Entry("CLOSURE_MATCH", "dict(type(self).__dict__)['scale'].fget", _local_function,
+            derived=()), False, DECLINE, "cannot be checked at each call"),
+    # a module of the user's (not torch's): pinned, with the names it holds
+    (_Entry("MODULE_MATCH", "G['settings']", pytest, is_global=True), False, DROP, PINNED),
+    # a guard type precompile does not know declines
+    (_Entry("SOME_NEW_MATCH", "self.x", 1, derived=()), True, DECLINE, "does not know"),
+    (_Entry("EQUALS_MATCH", "self.x", 1, derived=("SOME_NEW_MATCH",)), True, DECLINE,
+     "does not know"),
+    # a value rebuilt from the loading process that has no portable description
+    (_Entry("EQUALS_MATCH", "G['CONFIG']", object(), is_global=True, derived=()), False, DECLINE,
+     "no portable description"),
 ])
 def test_objects_a_block_stores_are_pinned_by_identity(entry: _Entry, region_frame: bool,
                                                       action: str, says: str) -> None:
@@ -619,3 +640,135 @@ def test_precompile_in_training_gives_no_torch_warning_plain_compile_does_not() 
     assert pf.status == "new" and leaf.grad is not None
     torch_warnings = [f"{w.filename}: {w.message}" for w in caught if "torch" in w.filename]
     assert not [w for w in torch_warnings if "guards.py" in w or "leaf Tensor" in w], torch_warnings
+
+
+# ------------------------------------------------------ the allow-list of guard treatments
+
+
+def test_every_guard_type_of_the_installed_torch_has_exactly_one_treatment() -> None:
+    """A torch that adds a guard type makes this fail until the type is given a treatment (until
+    then it declines: an unknown type is never kept or dropped)."""
+    from compile_cache.torch_compat.precompile.guards import (
+        DECLINED,
+        GUARD_TREATMENTS,
+        PINNED_TYPE,
+        RECORDED,
+        guard_builder_types,
+        treatment,
+    )
+
+    missing = guard_builder_types() - set(GUARD_TREATMENTS)
+    assert not missing, f"guard types without a treatment: {sorted(missing)}"
+    assert {t for t, _ in GUARD_TREATMENTS.values()} == {RECORDED, PINNED_TYPE, DECLINED}
+    assert treatment("A_TYPE_TORCH_ADDS_LATER") == DECLINED
+    # what torch cannot save is never kept
+    from compile_cache.torch_compat.precompile.guards import unsupported_guard_types
+
+    assert not {t for t in unsupported_guard_types() if treatment(t) == RECORDED}
+
+
+def test_a_builtin_shadowed_after_compiling_and_a_module_name_added_are_seen_by_the_pins() -> None:
+    """The pins of issue 53: the block's module binding a builtin's name (``max = min``), and a
+    user module gaining a name that code read with a default (``getattr(settings, "EXTRA", 0.0)``)."""
+    import types as pytypes
+
+    from compile_cache.torch_compat.precompile.pins import builtin_shadow_source
+
+    module = pytypes.ModuleType("cc_i53_settings")
+    before = describe(module)
+    module.EXTRA = 3.0
+    assert describe(module) != before and describe(torch) == "module torch"
+    block = StoredBlock()
+    source = builtin_shadow_source("max")
+    pins = Pins({})
+    pins.add({source: None})
+    assert pins.changed(block) is None
+    scope = type(block).forward.__globals__
+    scope["max"] = min
+    try:
+        moved = pins.changed(block)
+    finally:
+        del scope["max"]
+    assert moved is not None and "max" in moved
+
+
+def test_a_name_bound_on_a_pinned_module_after_compiling_is_noticed() -> None:
+    """``hasattr(settings, "FLAG")`` traced with FLAG absent: Dynamo guards the module's identity
+    only; the pin also holds its number of names, so binding FLAG after compiling is seen."""
+    import types as pytypes
+
+    module = pytypes.ModuleType("cc_i53_flags")
+    pins = Pins({"settings": module})
+    pins.add({"G['settings']": module})
+    assert pins.changed() is None
+    module.FLAG = 1
+    moved = pins.changed()
+    assert moved is not None and "gained or lost a name" in moved
+
+
+def test_environment_variables_read_in_traced_code_are_recorded_and_compared(monkeypatch) -> None:
+    """``os.environ.get("X", default)`` in traced code: Dynamo guards none of the variables, so
+    those its module names are recorded with the entry and compared before it loads."""
+    import sys
+    import types as pytypes
+
+    from compile_cache.torch_compat.precompile.guards import environ_differs, environ_reads
+
+    module = pytypes.ModuleType("cc_i53_env_reader")
+    exec("import os\nENV = 'CC_I53_SETTING'\ndef f():\n    return os.environ.get('CC_I53_OTHER', 'a')\n",
+         module.__dict__)
+    monkeypatch.setitem(sys.modules, "cc_i53_env_reader", module)
+    monkeypatch.delenv("CC_I53_SETTING", raising=False)
+    monkeypatch.delenv("CC_I53_OTHER", raising=False)
+    recorded = environ_reads("G['__import_cc_i53_env_reader'].os.environ")
+    assert recorded == {"CC_I53_OTHER": None, "CC_I53_SETTING": None}
+    assert environ_differs(recorded) is None
+    monkeypatch.setenv("CC_I53_OTHER", "b")
+    assert "CC_I53_OTHER is 'b' here but was unset" in environ_differs(recorded)
+    assert environ_reads("G['os'].environ") is None  # the reading module is not known
+
+
+def test_a_pin_on_the_calls_arguments_is_checked_at_each_call_and_after_a_load() -> None:
+    """A pin reached from the call's arguments (a KV cache's class method): compared by identity
+    at each call; restored with an entry, against the publisher's description at the first call
+    (no call exists before the load); not checked on a call that does not pass the argument."""
+    source = "type(kwargs['cache']).update"
+
+    class Cache:
+        def update(self) -> None:
+            """The method the traced code reached."""
+
+    pins = Pins({})
+    pins.add({source: Cache.update})
+    assert pins.changed(None, (), {"cache": Cache()}) is None
+    assert pins.changed(None, (), {}) is None  # not passed: the entry's own guards rule it out
+    original = Cache.update
+    Cache.update = lambda self: None  # swapped after compiling
+    assert "update" in (pins.changed(None, (), {"cache": Cache()}) or "")
+    Cache.update = original
+    loaded = Pins({})
+    loaded.add_current({source: describe(Cache.update)})
+    assert loaded.watching and verify({source: describe(Cache.update)}, {}) is None
+    assert loaded.changed(None, (), {"cache": Cache()}) is None
+    other = Pins({})
+    other.add_current({source: "somewhere.else:0"})
+    assert "at this call but was somewhere.else:0" in (other.changed(None, (), {"cache": Cache()}) or "")
+
+
+def test_a_failed_load_leaves_no_global_behind_and_moves_the_counter_past_it() -> None:
+    """A load that raised half-way (issue 53: a numpy class attribute's entry) had installed the
+    package's globals into the function's namespace; the trace that followed picked the same
+    counter-named global and raised ``Name '__builtins_dict___0' already exists in scope``."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    from compile_cache.torch_compat.precompile import _undo_load
+
+    scope: dict[str, Any] = {"torch": torch}
+    fn = types.FunctionType(compile("def f():\n    return 1\n", "<i53>", "exec").co_consts[0], scope)
+    before = frozenset(scope)
+    top = next(bt._unique_id_counter) + 500
+    scope[f"__builtins_dict___{top}"] = {}  # what the publisher's counter named
+    scope["__import_cc_i53"] = torch
+    _undo_load(fn, before)
+    assert set(scope) == {"torch"}
+    assert next(bt._unique_id_counter) > top

@@ -204,3 +204,99 @@ def test_inductor_gpt2_matches_eager(tiny_gpt2):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert counters["stats"]["unique_graphs"] == 1
     assert all(s["eager_calls"] == 0 for s in region_stats(model).values())
+
+
+# ------------------------------------------------ each model's blocks, their own module's globals
+
+TWIN_SOURCE = """
+import torch
+from torch import nn
+
+SCALE = {scale}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * SCALE
+"""
+
+
+def _load_as(name: str, path, scale: float):
+    """A module loaded from ``path`` under ``name`` (registered in sys.modules, as a plugin
+    loader does), whatever module held that name before."""
+    import importlib.util
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TWIN_SOURCE.format(scale=scale))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stack_of(module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(module.Block(), module.Block())
+    return model, copy.deepcopy(model)
+
+
+def test_two_modules_under_one_name_run_against_their_own_globals(counting_backend, tmp_path,
+                                                                  monkeypatch):
+    """Two files with the same Block and other module-level values, loaded in turn under one
+    name, one model from each (issue 53): the second model's blocks must not use the first
+    module's globals (before: 9.9 away from eager, with cache_dir=False)."""
+    import sys
+    import uuid
+
+    name = f"twinmod_{uuid.uuid4().hex[:8]}"  # Dynamo resolves module names once per process
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    x = torch.randn(2, 4)
+    first = _load_as(name, tmp_path / "a" / "twin.py", 1.0)
+    model_a, ref_a = _stack_of(first)
+    compile_regions(model_a, cache_dir=False, backend=counting_backend)
+    torch.testing.assert_close(model_a(x), ref_a(x))
+    second = _load_as(name, tmp_path / "b" / "twin.py", 10.0)
+    model_b, ref_b = _stack_of(second)
+    compile_regions(model_b, cache_dir=False, backend=counting_backend)
+    with pytest.warns(RegionEagerWarning, match=f"loaded under the name '{name}'"):
+        torch.testing.assert_close(model_b(x), ref_b(x))
+    torch.testing.assert_close(model_a(x), ref_a(x))  # the first model is still compiled, right
+    first.SCALE = 3.0  # and its guards read its own module
+    torch.testing.assert_close(model_a(x), ref_a(x))
+    (stats_b,) = region_stats(model_b).values()
+    assert stats_b["eager_calls"] == 2  # both blocks, once each
+    (stats_a,) = region_stats(model_a).values()
+    assert stats_a["eager_calls"] == 0
+
+
+def test_a_reloaded_module_runs_against_its_new_values(counting_backend, tmp_path, monkeypatch):
+    """importlib.reload keeps the module's namespace: a model built before and one after, both
+    compiled, each computes what eager does with the reloaded values."""
+    import importlib
+    import sys
+    import uuid
+
+    name = f"reloaded_{uuid.uuid4().hex[:8]}"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    x = torch.randn(2, 4)
+    module = _load_as(name, tmp_path / "m" / f"{name}.py", 1.0)
+    monkeypatch.syspath_prepend(str(tmp_path / "m"))
+    old, old_ref = _stack_of(module)
+    compile_regions(old, cache_dir=False, backend=counting_backend)
+    torch.testing.assert_close(old(x), old_ref(x))
+    (tmp_path / "m" / f"{name}.py").write_text(TWIN_SOURCE.format(scale=10.0))
+    module = importlib.reload(module)
+    new, new_ref = _stack_of(module)
+    compile_regions(new, cache_dir=False, backend=counting_backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RegionEagerWarning)
+        torch.testing.assert_close(new(x), new_ref(x))
+        torch.testing.assert_close(old(x), old_ref(x))

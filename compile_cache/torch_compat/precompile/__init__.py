@@ -59,12 +59,12 @@ from typing import Any
 
 from ...errors import PrecompileDeclined
 from .. import available, capability, mark_missing
-from .guards import GuardReport, make_guard_filter, unsupported_guard_types
+from .guards import GuardReport, environ_differs, make_guard_filter, unsupported_guard_types
 from .isolation import IsolatedCall, compile_group_isolated, compile_isolated
 from .lazy_globals import lazy_entry_reads
 from .names import ENTRY_FORMAT, entry_name, region_function
 from .names import advance_unique_ids as _advance_unique_ids
-from .pins import Pins, verify
+from .pins import Pins, class_pins, verify
 from .values import check_entry, graph_digest
 
 logger = logging.getLogger("compile_cache")
@@ -214,6 +214,8 @@ class PrecompiledFunction:
         self._saved_digest: str | None = None
         self._lock = threading.Lock()
         self.pins = Pins(fn.__globals__)
+        if block is not None and pin_block:  # the block's methods, swapped after compiling
+            self.pins.add(class_pins(block))
         self._pins_seen = 0
         #: The group's first block (weakly): what a pin on the block is checked on at load.
         self._block = weakref.ref(block) if block is not None else None
@@ -255,6 +257,7 @@ class PrecompiledFunction:
                                                        self._end_call_on_decline,
                                                        pin_block=self._pin_block)
         hits, errors = _counter("dynamo_cache_hit"), _counter("dynamo_cache_error")
+        scope_before = frozenset(fn.__globals__)
         try:
             # A loaded entry's guards are unpickled inside torch.compile; some sources install a
             # guard as they are (ImportSource: __import__('torch'), Mamba's), which needs a
@@ -273,7 +276,7 @@ class PrecompiledFunction:
             # torch catches only RuntimeError around installing an entry; undo what a half
             # install left on the code object, and compile without precompile.
             self.load_error = f"{type(exc).__name__}: {exc}"
-            _reset_precompile_entries(fn.__code__)
+            _undo_load(fn, scope_before)
             self._decline(f"the precompile entry did not load ({self.load_error})")
             return
         self.loaded = _counter("dynamo_cache_hit") > hits
@@ -321,9 +324,12 @@ class PrecompiledFunction:
             return None
         block = self._block_now()
         reason = verify(pins, self.fn.__globals__, *(() if block is None else (block,)))
+        if reason is None:
+            reason = environ_differs((record or {}).get("environ") or {})
         if reason is not None:
             self.decline_persists = False
             return reason
+        self.report.environ.update((record or {}).get("environ") or {})
         try:
             checked = check_entry(path, graphs)
         except Exception as exc:  # noqa: BLE001 - an unreadable entry is traced again
@@ -375,7 +381,7 @@ class PrecompiledFunction:
         if self.declined is not None:
             return self.compiled(*args, **kwargs)
         if self.pins.watching:  # every call: a global rebound since the trace declines
-            moved = self.pins.changed(args[0] if args else None)
+            moved = self.pins.changed(args[0] if args else None, args[1:], kwargs)
             if moved is not None:
                 self.decline_persists = False
                 self._decline_during_call(moved)
@@ -610,6 +616,21 @@ def _mode_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 
     return {**list_mode_options(mode, kwargs.get("dynamic")), **options}
+
+
+def _undo_load(fn: types.FunctionType, scope_before: frozenset[str]) -> None:
+    """Leave nothing of a load that raised half-way: torch installs a package's globals into the
+    function's namespace as it goes (import aliases, resume functions, backends, and the builtins
+    dict, which ``CompilePackage.uninstall`` does not know of) and entries on its code object.
+    The names that load added are removed, torch's unique-id counter is moved past them, and
+    the code's entries are reset, so the trace that follows (the declined copy shares the
+    namespace) never meets them: before, a numpy class attribute's failed load made that trace
+    raise ``Name '__builtins_dict___0' already exists in scope``."""
+    scope = fn.__globals__
+    _advance_unique_ids(scope)
+    for name in set(scope) - scope_before:
+        scope.pop(name, None)
+    _reset_precompile_entries(fn.__code__)
 
 
 def _reset_precompile_entries(code: types.CodeType) -> None:

@@ -56,21 +56,137 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import PrecompileDeclined
-from .values import ValueRecorder, describe_value
+from .pins import builtin_shadow_source
+from .pins import on_block as pins_on_block
+from .pins import on_call as pins_on_call
+from .values import ValueRecorder, describe_value, hasattr_name, record_key
 
 __all__ = [
     "DECLINE",
+    "DECLINED",
     "DROP",
+    "GUARD_TREATMENTS",
     "KEEP",
+    "PINNED_TYPE",
+    "RECORDED",
     "GuardDecision",
     "GuardReport",
     "classify_guard",
     "compiling_code",
+    "environ_differs",
+    "environ_reads",
+    "guard_builder_types",
     "make_guard_filter",
+    "treatment",
     "unsupported_guard_types",
 ]
 
 KEEP, DROP, DECLINE = "keep", "drop", "decline"
+
+#: Treatments of the allow-list (:data:`GUARD_TREATMENTS`).
+RECORDED = "kept, value and presence recorded"
+PINNED_TYPE = "dropped, pinned"
+DECLINED = "declined"
+
+#: Every guard type Dynamo can emit (a ``GuardBuilder`` method; torch 2.13 to 2.15), with the one
+#: treatment precompile gives it, and why. A type not in the table declines: precompile changes
+#: nothing it has not proven.
+#:
+#: * ``RECORDED``: the guard is kept (saved with the entry, checked at every call). Where its
+#:   source is rebuilt from the loading process (a global, a class attribute: torch re-reads the
+#:   expected value when it rebuilds the guard), the value it was traced with, presence or
+#:   absence included (``HASATTR``), is recorded and compared before load
+#:   (:func:`.values.describe_value`); one whose value has no portable description declines.
+#: * ``PINNED_TYPE``: an identity guard, which Dynamo cannot save (or drops itself under
+#:   ``caching_precompile``). Dropped only with a check of equal strength: a pin
+#:   (:mod:`.pins`), compared by identity at every call in the running process and by portable
+#:   description before load, or, for torch / standard-library objects and modules, the
+#:   environment key (nothing in a process rebinds them once compiled: torch's own modules and
+#:   builtins). What :func:`classify_guard` cannot pin so declines.
+#: * ``DECLINED``: the group compiles without precompile (warned and counted).
+GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
+    # values: the check is on a constant the guard holds (re-read from a live source at rebuild)
+    "EQUALS_MATCH": (RECORDED, "the value (primitives, enums, dtypes, tuples of them); another "
+                               "value on a global or a class declines"),
+    "CONSTANT_MATCH": (RECORDED, "the constant"),
+    "CONSTANT_SUBCLASS_MATCH": (RECORDED, "the constant, by its type and value"),
+    "BOOL_MATCH": (RECORDED, "the bool"),
+    "NONE_MATCH": (RECORDED, "None or not"),
+    "NOT_NONE_MATCH": (RECORDED, "None or not"),
+    "TYPE_MATCH": (RECORDED, "the class by qualified name (lineage in the entry name)"),
+    "HASATTR": (RECORDED, "presence or absence of the attribute"),
+    "NOT_PRESENT_IN_GENERIC_DICT": (RECORDED, "the attribute's absence: held by the guard"),
+    "SEQUENCE_LENGTH": (RECORDED, "the length"),
+    "TUPLE_ITERATOR_LEN": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                     "global (no portable description)"),
+    "RANGE_ITERATOR_MATCH": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                       "global"),
+    "COUNT_ITERATOR_MATCH": (RECORDED, "on the call's objects (pickled by value); declined on a "
+                                       "global"),
+    "DICT_KEYS_MATCH": (RECORDED, "the keys, in order"),
+    "MAPPING_KEYS_CHECK": (RECORDED, "the keys, in order"),
+    "DICT_CONTAINS": (RECORDED, "the key and whether it is in: held by the guard"),
+    "DICT_NOT_CONTAINS": (RECORDED, "the key and whether it is in: held by the guard"),
+    "SET_CONTAINS": (RECORDED, "the item and whether it is in: held by the guard"),
+    "SET_NOT_CONTAINS": (RECORDED, "the item and whether it is in: held by the guard"),
+    "EMPTY_NN_MODULE_HOOKS_DICT": (RECORDED, "emptiness: held by the guard"),
+    "TENSOR_MATCH": (RECORDED, "a call's tensor: pickled with the entry; a global's metadata"),
+    "DISPATCH_KEY_SET_MATCH": (RECORDED, "a call's dispatch keys (pickled by value); declined on "
+                                         "a global"),
+    "DUPLICATE_INPUT": (RECORDED, "which inputs alias: held by the guard"),
+    "SHAPE_ENV": (RECORDED, "the symbolic-shape guards: held by the guard"),
+    "GLOBAL_STATE": (RECORDED, "grad mode, autocast, thread count...: held by the guard"),
+    "GRAD_MODE": (RECORDED, "held by the guard"),
+    "DETERMINISTIC_ALGORITHMS": (RECORDED, "held by the guard"),
+    "TORCH_FUNCTION_STATE": (RECORDED, "held by the guard"),
+    "DEFAULT_DEVICE": (RECORDED, "held by the guard"),
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": (RECORDED, "held by the guard"),
+    "FUNCTORCH_STACK_MATCH": (RECORDED, "held by the guard"),
+    "DUAL_LEVEL": (RECORDED, "held by the guard"),
+    # identities: a pin or the environment key, else declined
+    "ID_MATCH": (PINNED_TYPE, "identity: pinned, or the environment key for torch's objects"),
+    "CLOSURE_MATCH": (PINNED_TYPE, "a function's identity: pinned"),
+    "FUNCTION_MATCH": (PINNED_TYPE, "a function's identity: pinned"),
+    "BUILTIN_MATCH": (PINNED_TYPE, "a builtin's identity: environment key; a name a module "
+                                   "global could shadow: its absence pinned"),
+    "CLASS_MATCH": (PINNED_TYPE, "a class's identity: pinned"),
+    "MODULE_MATCH": (PINNED_TYPE, "a module: torch's and Python's by the environment key; "
+                                  "others pinned, with the names they hold"),
+    # no faithful saved form
+    "NN_MODULE": (DECLINED, "carries the module's training flag inside an identity check"),
+    "DICT_VERSION": (DECLINED, "a process-local version counter"),
+    "WEAKREF_ALIVE": (DECLINED, "a process-local object"),
+    "FAKE_SCRIPT_TYPE_MATCH": (DECLINED, "a TorchScript object's type"),
+    "TENSOR_SUBCLASS_METADATA_MATCH": (DECLINED, "a tensor subclass's metadata"),
+    "DTENSOR_SPEC_MATCH": (DECLINED, "a DTensor's placement"),
+    "OPAQUE_OBJ_GUARD_FN_MATCH": (DECLINED, "an opaque object's own guard function"),
+    "FSDP_TRAINING_STATE": (DECLINED, "FSDP's per-process training state"),
+}
+
+#: Kept guard types whose expected value torch re-reads from the source when it rebuilds a
+#: loaded entry's guards (``GuardBuilder``: ``self.get(guard.name)``): on a source that is not
+#: pickled with the entry (a global, what is reached through a class) their value must be
+#: recorded, or the rebuilt guard compares the live value with itself.
+_READS_LIVE = frozenset({
+    "EQUALS_MATCH", "CONSTANT_MATCH", "CONSTANT_SUBCLASS_MATCH", "BOOL_MATCH", "TYPE_MATCH",
+    "HASATTR", "SEQUENCE_LENGTH", "TUPLE_ITERATOR_LEN",
+    "RANGE_ITERATOR_MATCH", "COUNT_ITERATOR_MATCH", "DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK",
+    "DISPATCH_KEY_SET_MATCH", "TENSOR_MATCH",
+})
+
+
+def treatment(guard_type: str) -> str:
+    """The allow-list's treatment of ``guard_type`` (:data:`GUARD_TREATMENTS`); an unknown type
+    is declined."""
+    return GUARD_TREATMENTS.get(guard_type, (DECLINED, ""))[0]
+
+
+def guard_builder_types() -> frozenset[str]:
+    """Every guard type the installed torch's ``GuardBuilder`` can emit (its upper-case methods)."""
+    from torch._dynamo.guards import GuardBuilder
+
+    return frozenset(name for name, value in vars(GuardBuilder).items()
+                     if name.isupper() and callable(value))
 
 #: The guards Dynamo drops by itself when ``caching_precompile`` is on at trace time,
 #: whatever the filter returned (``torch/_dynamo/guards.py``, ``CheckFunctionManager.__init__``).
@@ -118,6 +234,12 @@ def _resolvable(value: Any) -> bool:
         if obj is None:
             return False
     return obj is value
+
+
+def _live_source(entry: Any) -> bool:
+    """A source torch rebuilds from the loading process, not from what it pickled with the entry:
+    a global, or what is reached through a class (``type(self)``)."""
+    return bool(entry.is_global) or _through_type(entry.name) or "G[" in entry.name
 
 
 def _through_type(name: str) -> bool:
@@ -218,10 +340,9 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
 
     unsupported = unsupported_guard_types() if unsupported is None else unsupported
     gtype = entry.guard_type
-    if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
-        return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
-    if _serialisable(entry, unsupported) and not _torch_drops(entry):
-        return GuardDecision(KEEP, "serialisable")
+    listed = _by_the_allow_list(entry, unsupported)
+    if listed is not None:
+        return listed
     if not entry.has_value:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} (no value to judge)")
     value = entry.value
@@ -233,7 +354,11 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
                              f"this process only (a loaded entry would not find it)")
     if entry.is_global:
         if inspect.ismodule(value):
-            return GuardDecision(DROP, "global module identity (environment key)")
+            if _is_torch_object(value) or _is_stdlib_object(value):
+                return GuardDecision(DROP, "global module identity (environment key)")
+            # the module's identity in process (as Dynamo's guard), the names it holds before
+            # load: getattr(module, "X", default) or hasattr was traced with X absent
+            return GuardDecision(DROP, PINNED)
         if inspect.isbuiltin(value) or (
             callable(value) and (_is_torch_object(value) or _is_stdlib_object(value))
         ):
@@ -256,19 +381,60 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
     if _through_type(entry.name) and (
         inspect.isclass(value) or inspect.isfunction(value) or isinstance(value, types.CodeType)
     ):
-        return GuardDecision(DROP, "defined by the module's class (fingerprint: class, forward code)")
+        # The fingerprint pins the class as it was defined; a property, method or class
+        # attribute swapped after compiling is not in it: checked at every call (a pin).
+        if region_frame and pins_on_block(entry.name) and _identity_describable(value):
+            return GuardDecision(DROP, PINNED)
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)}): defined by "
+                             f"a class, in a frame where it cannot be checked at each call")
     if inspect.ismethod(value) and isinstance(value.__self__, nn.Module):
         cls_attr = inspect.getattr_static(type(value.__self__), value.__func__.__name__, None)
         if cls_attr is value.__func__:
-            return GuardDecision(DROP, "a module's own method (fingerprint: class)")
+            if region_frame and pins_on_block(entry.name):
+                return GuardDecision(DROP, PINNED)
+            return GuardDecision(DECLINE, f"{gtype} on {entry.name}: a module's method, in a "
+                                 f"frame where it cannot be checked at each call")
     if _identity_describable(value):
-        if region_frame and _root(entry.name) == "self":
+        # an object the call passes itself (a function argument) is not pinned: a group called
+        # with another each time would decline at once; only what its class defines is
+        if region_frame and pins_on_block(entry.name) and not pins_on_call(entry.name):
             return GuardDecision(DROP, PINNED)
         where = ("reached from the call's arguments, not from the block" if region_frame else
                  "in a frame Dynamo traced apart from the region's call (after a graph break)")
         return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)}), {where}: "
                              f"its identity cannot be checked at each call")
     return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(value)})")
+
+
+def _by_the_allow_list(entry: Any, unsupported: frozenset[str]) -> GuardDecision | None:
+    """The decision :data:`GUARD_TREATMENTS` makes alone (an unknown or declined type, a kept
+    one), None for an identity type (:func:`classify_guard` decides how it is pinned)."""
+    gtype = entry.guard_type
+    for kind in (gtype, *(entry.derived_guard_types or ())):
+        if kind not in GUARD_TREATMENTS:
+            return GuardDecision(DECLINE, f"{kind} on {entry.name}: a guard type precompile does "
+                                 f"not know (not in its allow-list)")
+    if entry.has_value and entry.value is os.environ and environ_reads(entry.name) is None:
+        # os.environ.get("X", default): Dynamo guards the mapping's type and code, none of its
+        # keys, so a variable set only where an entry loads would go unseen
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: os.environ is read in the traced "
+                             f"code, from a module whose variable names cannot be found")
+    if treatment(gtype) == DECLINED:
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: {GUARD_TREATMENTS[gtype][1]}")
+    if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
+        return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
+    if treatment(gtype) != RECORDED:
+        return None
+    if not _serialisable(entry, unsupported) or _torch_drops(entry):
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name}: kept by the allow-list, but "
+                             f"torch cannot save it here")
+    if gtype in _READS_LIVE and _live_source(entry) and describe_value(
+            gtype, entry.value if entry.has_value else None, entry.name,
+            attr=hasattr_name(entry)) is None:
+        return GuardDecision(DECLINE, f"{gtype} on {entry.name} ({_describe(entry.value)}): "
+                             f"rebuilt from the loading process, and its value has no "
+                             f"portable description to prove it")
+    return GuardDecision(KEEP, "serialisable")
 
 
 #: The reason of a dropped identity guard that becomes a pin (:mod:`.pins`).
@@ -299,11 +465,86 @@ def _whole_part_pin_decline(entry: Any, region_frame: bool) -> str | None:
     Declined: a pin on the block (graph breaks are common in a whole model; declined in the
     part's first frame, before any of the call runs) and a pin in a frame traced apart (its ``G``
     is another module's globals, not the part's scope the pins are evaluated in)."""
-    if _root(entry.name) == "self":
+    if pins_on_block(entry.name):
         return "a part compiled whole is not pinned on the block (declined in its first frame, before it runs)"
     if not region_frame:
         return ("a pin in a frame Dynamo traced apart from the part's call (after a graph "
                 "break) cannot be checked in the part's scope")
+    return None
+
+
+_IMPORT_ALIAS = re.compile(r"^G\['__import_(\w+)'\]\.")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{2,}$")
+
+
+def environ_reads(source: str) -> dict[str, str | None] | None:
+    """The environment variables a module that reads ``os.environ`` in traced code may read, with
+    their values here: every upper-case string constant of its code (``"TRANSFORMERS_SDPA_FORCE_
+    GQA"``). Dynamo guards none of the variables (``os.environ.get`` is traced through), so they
+    are recorded with the entry and compared before it loads. None when the reading module
+    cannot be found from the guard's source (``G['__import_<module>'].os.environ``)."""
+    found = _IMPORT_ALIAS.match(source)
+    module = sys.modules.get(found.group(1).replace("_dot_", ".")) if found else None
+    if module is None:
+        return None
+    # (and its module-level strings: ``ENV = "MY_FLAG"`` read as ``os.environ.get(ENV)``)
+    names = {v for v in vars(module).values() if isinstance(v, str) and _ENV_NAME.match(v)}
+    stack: list[Any] = [v for v in vars(module).values() if inspect.isfunction(v) or inspect.isclass(v)]
+    codes: list[types.CodeType] = []
+    for value in stack:
+        if inspect.isclass(value):
+            if getattr(value, "__module__", None) == module.__name__:
+                codes += [f.__code__ for f in vars(value).values() if inspect.isfunction(f)]
+        elif getattr(value, "__module__", None) == module.__name__:
+            codes.append(value.__code__)
+    while codes:
+        code = codes.pop()
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                codes.append(const)
+            elif isinstance(const, str) and _ENV_NAME.match(const):
+                names.add(const)
+    return {name: os.environ.get(name) for name in sorted(names)}
+
+
+def environ_differs(recorded: dict[str, str | None]) -> str | None:
+    """Why this process's environment differs from what an entry was traced under, else None."""
+    for name, value in recorded.items():
+        here = os.environ.get(name)
+        if here != value:
+            return (f"the environment variable {name} is {'unset' if here is None else repr(here)} "
+                    f"here but was {'unset' if value is None else repr(value)} where the entry was "
+                    f"traced (read through os.environ in traced code)")
+    return None
+
+
+#: A builtin the traced code called, through the frame's builtins dict (Dynamo names it by
+#: its counter): ``G['__builtins_dict___0']['max']``.
+_BUILTINS_DICT = re.compile(r"^G\['__builtins_dict___\d+'\]\['(\w+)'\]$")
+
+
+def _pin_builtin_absence(report: GuardReport, name: str, region_frame: bool) -> str | None:
+    """The traced code called the builtin ``name``: a module global of that name (``max = min``)
+    would shadow it, and Dynamo's saved guards do not say the name was absent from the module's
+    globals. In the region's own frame that absence becomes a pin on the block's module (checked
+    at every call and before load); elsewhere it cannot be checked: why it declines."""
+    graph = (_guard_builder_locals() or {}).get("output_graph")
+    if not region_frame:  # a frame traced apart: its own module's globals, found by name
+        scope = getattr(graph, "global_scope", None)
+        owner = scope.get("__name__") if isinstance(scope, dict) else None
+        if not isinstance(owner, str) or getattr(sys.modules.get(owner), "__dict__", None) is not scope:
+            return ("a builtin called in a frame Dynamo traced apart from the region's call, "
+                    "whose module cannot be found by name: whether a module global shadows it "
+                    "cannot be checked there")
+        report.pins.setdefault(f"__import__('sys').modules[{owner!r}].__dict__.get({name!r})",
+                               scope.get(name))
+        return None
+    scope = getattr(graph, "local_scope", None)
+    module = scope.get("self") if isinstance(scope, dict) else None
+    forward = getattr(getattr(module, "forward", None), "__globals__", None)
+    if not isinstance(forward, dict):
+        return "a builtin called where the block's module globals cannot be read"
+    report.pins.setdefault(builtin_shadow_source(name), forward.get(name))
     return None
 
 
@@ -320,6 +561,8 @@ class GuardReport:
     #: rebinding (monkeypatching) would change. Checked by the caller: at every call in
     #: process, and against the publisher's when an entry loads.
     pins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Environment variables read through os.environ in traced code, with their values then.
+    environ: dict[str, str | None] = dataclasses.field(default_factory=dict)
     #: The values each traced graph was traced under (:mod:`.values`).
     values: ValueRecorder = dataclasses.field(default_factory=ValueRecorder)
     #: Declined because a part compiled whole graph-broke in its own frame: a decline of the
@@ -376,6 +619,11 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                     if why is not None:
                         decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: "
                                                  f"{why}")
+                shadow = _BUILTINS_DICT.match(entry.name) if decision.action == DROP else None
+                if shadow is not None:
+                    why = _pin_builtin_absence(report, shadow.group(1), region_frame)
+                    if why is not None:
+                        decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: {why}")
                 if decision.action == DROP:
                     if _pinnable(entry, decision):
                         report.pins.setdefault(entry.name, entry.value)
@@ -388,10 +636,13 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                 if decision.action == DECLINE and decision.reason not in report.declined:
                     report.declined.append(decision.reason)
                 elif entry.has_value:
+                    if entry.value is os.environ:
+                        report.environ.update(environ_reads(entry.name) or {})
                     source = entry.orig_guard.name
-                    described = describe_value(entry.guard_type, entry.value, source)
-                    if described is not None:
-                        values[source] = described
+                    described = describe_value(entry.guard_type, entry.value, source,
+                                               attr=hasattr_name(entry))
+                    if described is not None:  # several guards may share one source
+                        values[record_key(entry.guard_type, source)] = described
                 out.append(True)
             report.values.frame(values)
             here = report.declined[declined_before:]

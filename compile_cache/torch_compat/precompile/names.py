@@ -25,8 +25,10 @@ __all__ = ["ENTRY_FORMAT", "INFIX", "advance_unique_ids", "entry_name", "owner_o
 
 #: In every entry name: bumped when what an entry may rely on changes (the guard filter's rules),
 #: so that entries (and recorded declines) of an older compile_cache are not used. 2: the name
-#: covers the classes' lineage, and each graph carries the values it was traced under.
-ENTRY_FORMAT = 2
+#: covers the classes' lineage, and each graph carries the values it was traced under. 3: the
+#: allow-list of guard treatments (issue 53): records keyed by guard type and source, presence
+#: recorded (HASATTR, a module's names, a builtin's absence from the block's module).
+ENTRY_FORMAT = 3
 #: Between a group's code name and the digest in the name of its precompiled function.
 INFIX = "__pc_"
 

@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
 import threading
@@ -43,10 +44,14 @@ from . import lazy_globals
 
 logger = logging.getLogger("compile_cache")
 
-__all__ = ["EntryCheck", "ValueRecorder", "check_entry", "describe_value", "graph_digest"]
+__all__ = ["EntryCheck", "ValueRecorder", "check_entry", "describe_value", "graph_digest",
+           "hasattr_name", "record_key"]
 
 #: Guard types whose check is on the value itself (its equality or identity as a constant).
-_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
+_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "CONSTANT_SUBCLASS_MATCH", "BOOL_MATCH"})
+#: Between a guard's type and its source in a record's key: one source may carry several guards.
+_KEY_SEP = "\t"
+_HASATTR = re.compile(r"hasattr\(.*, '([^']+)'\)\s*$")
 _PRIMITIVES = (bool, int, float, complex, str, bytes, type(None))
 
 
@@ -74,12 +79,40 @@ def _primitive(value: Any, depth: int = 0) -> str | None:
     return None
 
 
-def describe_value(guard_type: str, value: Any, source: str) -> str | None:
+def record_key(guard_type: str, source: str) -> str:
+    """The key of one guard's value in a graph's record: its type and its source (Dynamo may put
+    several guards on one source: ``SEQUENCE_LENGTH`` and ``EMPTY_NN_MODULE_HOOKS_DICT``)."""
+    return f"{guard_type}{_KEY_SEP}{source}"
+
+
+def _split_key(key: str) -> tuple[str | None, str]:
+    guard_type, sep, source = key.partition(_KEY_SEP)
+    return (guard_type, source) if sep else (None, key)
+
+
+def hasattr_name(entry: Any) -> str | None:
+    """The attribute a ``HASATTR`` guard checks (its code: ``hasattr(G['Reg'], 'extra')``)."""
+    if getattr(entry, "guard_type", None) != "HASATTR":
+        return None
+    for line in getattr(getattr(entry, "orig_guard", None), "code_list", None) or ():
+        found = _HASATTR.search(line)
+        if found:
+            return found.group(1)
+    return None
+
+
+def describe_value(guard_type: str, value: Any, source: str, *, attr: str | None = None) -> str | None:
     """A description of what a guard of ``guard_type`` checks of ``value``, the same in every
-    process that holds an equal value; None for a guard whose check is not on a value."""
+    process that holds an equal value; None for a guard whose check is not on a value.
+    ``attr``: the attribute a ``HASATTR`` guard checks; its presence is the description."""
     if guard_type in _VALUE_GUARDS:
         return _primitive(value)
-    if guard_type in ("DICT_KEYS_MATCH", "DICT_KEYS"):
+    if guard_type == "HASATTR":
+        return None if attr is None else f"hasattr:{attr!r}:{hasattr(value, attr)}"
+    if guard_type == "TYPE_MATCH" and ("G[" in source or "type(" in source or "__class__" in source):
+        kind = type(value)  # a live source: the class the value has there, by name
+        return f"type:{kind.__module__}.{kind.__qualname__}"
+    if guard_type in ("DICT_KEYS_MATCH", "DICT_KEYS", "MAPPING_KEYS_CHECK"):
         keys = getattr(value, "keys", None)
         return None if keys is None else _prefixed("keys", _primitive(tuple(keys())))
     if guard_type in ("SEQUENCE_LENGTH", "LENGTH_CHECK"):
@@ -196,20 +229,24 @@ def _differs(guards_state: bytes, record: dict[str, str]) -> str | None:
     with tracing(TracingContext(None)):
         state = load_guards_state(guards_state)
     graph = state.output_graph
-    guards = {guard.name: guard for guard in graph.guards}
+    # by (source, type): one source may carry several guards
+    guards = {(guard.name, guard.create_fn_name()): guard for guard in graph.guards}
+    by_name = {guard.name: guard for guard in graph.guards}
     scope = {"L": graph.local_scope, "G": graph.global_scope,
              "__builtins__": builtins.__dict__.copy()}
     closure_vars = _get_closure_vars()
     cache: dict[Any, Any] = {}
-    for source, expected in record.items():
-        guard = guards.get(source)
+    for key, expected in record.items():
+        guard_type, source = _split_key(key)
+        guard = by_name.get(source) if guard_type is None else guards.get((source, guard_type))
         if guard is None:
             return f"{source}: not among the graph's guards"
         try:
             value = guard.originating_source.get_value(scope, closure_vars, cache)
         except Exception as exc:  # noqa: BLE001 - a source that no longer resolves has changed
             return f"{source} cannot be evaluated here ({type(exc).__name__})"
-        found = describe_value(guard.create_fn_name(), value, source)
+        attr = expected.split(":", 2)[1][1:-1] if expected.startswith("hasattr:") else None
+        found = describe_value(guard.create_fn_name(), value, source, attr=attr)
         if found != expected:
             return f"{source} is {found} here but the graph was traced with {expected}"
     return None
