@@ -233,3 +233,51 @@ def test_a_groups_kv_cache_calls_one_entry_per_block_prove_their_values_on_a_fre
     assert decode["status"] == "new" and decode["reason"].startswith("1 restored graph(s) not installed")
     for group in (cache, decode):
         assert "MODE is str:'sigmoid' here but the graph was traced with str:'tanh'" in group["reason"]
+
+
+@pytest.mark.parametrize("hooks, proven", [({}, True), ({1: "hook"}, False)])
+def test_a_source_with_several_guards_is_proven_by_the_guard_of_its_recorded_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hooks: dict[int, str], proven: bool,
+) -> None:
+    """torch >= 2.14 keeps two guards on an empty hook dict's source, SEQUENCE_LENGTH and then
+    EMPTY_NN_MODULE_HOOKS_DICT (torch 2.13 only the first). Keyed by source alone, the load-time
+    check took the second, which describes no value, so every module region's graph was
+    "unproven" and traced again at every start. Here torch 2.13's loaded guards get 2.14's
+    shape: the graph traced with an empty dict is installed, one with a hook is not."""
+    import types
+
+    from torch._dynamo import package
+    from torch._dynamo.source import LocalSource
+    from torch._guards import Guard
+
+    from compile_cache.torch_compat.precompile import lazy_globals, values
+
+    def SEQUENCE_LENGTH() -> None:  # noqa: N802 - a guard type is its builder function's name
+        """Stands for GuardBuilder.SEQUENCE_LENGTH (the guard's type is the function's name)."""
+
+    def EMPTY_NN_MODULE_HOOKS_DICT() -> None:  # noqa: N802
+        """Stands for torch 2.14's GuardBuilder.EMPTY_NN_MODULE_HOOKS_DICT."""
+
+    source = LocalSource("hooks")
+    guards = [Guard(source, SEQUENCE_LENGTH), Guard(source, EMPTY_NN_MODULE_HOOKS_DICT)]
+    graph = types.SimpleNamespace(guards=guards, local_scope={"hooks": hooks}, global_scope={})
+    monkeypatch.setattr(package, "load_guards_state",
+                        lambda state: types.SimpleNamespace(output_graph=graph))
+    guarded = types.SimpleNamespace(guards_state=b"graph")
+    entry = types.SimpleNamespace(dynamo=types.SimpleNamespace(
+        codes=[types.SimpleNamespace(guarded_codes=[guarded])]))
+    monkeypatch.setattr(lazy_globals, "loads", lambda data: entry)
+    path = tmp_path / "entry" / "entry"
+    path.parent.mkdir()
+    path.write_bytes(b"an entry")
+    digest = graph_digest(b"graph")
+    assert source.name == "L['hooks']"
+
+    found = values.check_entry(str(path), {digest: {"L['hooks']": "len:0"}})
+
+    if proven:
+        assert found.kept == {digest: {"L['hooks']": "len:0"}} and found.dropped == []
+        assert path.exists()
+    else:
+        assert found.kept == {} and not path.exists()
+        assert found.dropped == ["L['hooks'] is len:1 here but the graph was traced with len:0"]

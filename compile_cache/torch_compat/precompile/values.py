@@ -196,22 +196,30 @@ def _differs(guards_state: bytes, record: dict[str, str]) -> str | None:
     with tracing(TracingContext(None)):
         state = load_guards_state(guards_state)
     graph = state.output_graph
-    guards = {guard.name: guard for guard in graph.guards}
+    # Several guards may share one source (torch >= 2.14: an empty hook dict has both
+    # SEQUENCE_LENGTH and EMPTY_NN_MODULE_HOOKS_DICT): keep them all, not the last by name.
+    guards: dict[str, list[Any]] = {}
+    for guard in graph.guards:
+        guards.setdefault(guard.name, []).append(guard)
     scope = {"L": graph.local_scope, "G": graph.global_scope,
              "__builtins__": builtins.__dict__.copy()}
     closure_vars = _get_closure_vars()
     cache: dict[Any, Any] = {}
     for source, expected in record.items():
-        guard = guards.get(source)
-        if guard is None:
+        on_source = guards.get(source)
+        if not on_source:
             return f"{source}: not among the graph's guards"
         try:
-            value = guard.originating_source.get_value(scope, closure_vars, cache)
+            value = on_source[0].originating_source.get_value(scope, closure_vars, cache)
         except Exception as exc:  # noqa: BLE001 - a source that no longer resolves has changed
             return f"{source} cannot be evaluated here ({type(exc).__name__})"
-        found = describe_value(guard.create_fn_name(), value, source)
-        if found != expected:
-            return f"{source} is {found} here but the graph was traced with {expected}"
+        # Each description names what its guard type checks (a length, the keys, the value):
+        # the record is proven by the guard of its own type, whatever else guards the source.
+        found = [d for d in (describe_value(g.create_fn_name(), value, source) for g in on_source)
+                 if d is not None]
+        if expected not in found:
+            here = " / ".join(found) if found else None
+            return f"{source} is {here} here but the graph was traced with {expected}"
     return None
 
 
