@@ -61,7 +61,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import threading
 import types
@@ -142,6 +144,9 @@ _TORCH_PATH_RULES = {
 }
 _GET_FILE_PATH_LINES = ('\n_TORCH_PATH = get_file_path("torch")\n'
                         "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n")
+#: The attributes of cpp_extension that ``get_cpp_torch_device_options`` may read (torch 2.13:
+#: the first two; torch >= 2.14 also CUDA_HOME): :func:`cpp_extension`'s namespace has them.
+_DEVICE_OPTIONS_READS = frozenset({"include_paths", "library_paths", "CUDA_HOME"})
 #: What :func:`include_paths` and :func:`cpp_extension_paths` repeat of torch/utils/cpp_extension.py
 #: (torch 2.13 to 2.15), each once in that file: the whole of ``include_paths`` and
 #: ``library_paths`` (a CPU build reads only their first branch).
@@ -350,6 +355,11 @@ def _cpp_paths_codes() -> list[tuple[Any, Any]]:
         function = vars(cpp_builder).get(name)
         if getattr(function, "__module__", None) != cpp_builder.__name__:
             raise UnknownSource(f"cpp_builder.{name} is not torch's function")
+        if lines is _DEVICE_OPTIONS:
+            reads = set(re.findall(r"\bcpp_extension\.(\w+)", inspect.getsource(function)))
+            if not reads <= _DEVICE_OPTIONS_READS:
+                raise UnknownSource(f"cpp_builder.{name} reads cpp_extension's "
+                                    f"{', '.join(sorted(reads - _DEVICE_OPTIONS_READS))}")
         codes.append((function, recompile(function, cpp_builder, lines, f"def {name}(")))
     return codes
 
@@ -408,12 +418,15 @@ def library_paths(device_type: str = "cpu", torch_include_dirs: bool = True,
 
 def cpp_extension() -> Any:
     """``torch.utils.cpp_extension`` when it is imported, else a namespace of the
-    :func:`include_paths` and :func:`library_paths` here (all ``get_cpp_torch_device_options``
-    reads of it)."""
+    :func:`include_paths` and :func:`library_paths` here and ``CUDA_HOME`` (all
+    ``get_cpp_torch_device_options`` reads of it: :data:`_DEVICE_OPTIONS_READS`)."""
     module = sys.modules.get(_CPP_EXTENSION)
     if module is not None:
         return module
-    return types.SimpleNamespace(include_paths=include_paths, library_paths=library_paths)
+    # CUDA_HOME: torch >= 2.14 reads it first (and sets it from the environment when None);
+    # only a CUDA build uses it, and that calls torch's own functions, not these
+    return types.SimpleNamespace(include_paths=include_paths, library_paths=library_paths,
+                                 CUDA_HOME=None)
 
 
 def cpp_extension_paths() -> tuple[Callable[..., list[str]], str]:
