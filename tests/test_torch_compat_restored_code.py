@@ -248,18 +248,27 @@ TORCH_214_PATH = ("\nfrom torch._utils_internal import get_file_path\n"
                   '\n_TORCH_PATH = get_file_path("torch")\nTORCH_LIB_PATH = os.path.join(_TORCH_PATH, \'lib\')\n')
 
 
-@pytest.mark.parametrize("shape", ["torch 2.14", "neither"])
+WINDOWS_CUDA_LIB_213 = "            if IS_WINDOWS:\n                lib_dir = os.path.join('lib', 'x64')\n"
+WINDOWS_CUDA_LIB_215 = "            if IS_WINDOWS:\n                lib_dir = _windows_cuda_lib_dir()\n"
+
+
+@pytest.mark.parametrize("shape", ["torch 2.14", "torch 2.15", "neither"])
 def test_the_cpp_paths_follow_torch_2_14s_torch_path(monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
     """torch >= 2.14's cpp_extension takes ``_TORCH_PATH`` from ``torch._utils_internal.
     get_file_path("torch")`` instead of its own file's folder: the probe found torch 2.13's
     lines missing, ``inductor.light_cpp_paths`` was missing (warned) and a restored start
     imported setuptools. Here torch 2.13's source gets 2.14's shape: the capability holds and
-    the paths are still cpp_extension's; a source with neither rule is refused."""
+    the paths are still cpp_extension's; a source with neither rule is refused. torch 2.15 also
+    names a CUDA build's Windows library dir by a function in ``library_paths`` (a branch a CPU
+    build never reads), which made the capability missing on 2.15."""
     from torch.utils import cpp_extension
 
     found = module_source("torch.utils.cpp_extension")
     assert found is not None and found[1].count(TORCH_213_PATH) == 1
-    text = found[1].replace(TORCH_213_PATH, TORCH_214_PATH if shape == "torch 2.14" else "\n")
+    text = found[1].replace(TORCH_213_PATH, TORCH_214_PATH if shape != "neither" else "\n")
+    if shape == "torch 2.15":
+        assert text.count(WINDOWS_CUDA_LIB_213) == 1
+        text = text.replace(WINDOWS_CUDA_LIB_213, WINDOWS_CUDA_LIB_215)
     real = restored_code.module_source
     monkeypatch.setattr(restored_code, "module_source",
                         lambda name: (found[0], text) if name == "torch.utils.cpp_extension" else real(name))

@@ -328,7 +328,7 @@ def _probe_cpp_paths() -> str | None:
     except UnknownSource as exc:
         return str(exc)
     for lines in _CPP_EXTENSION_LINES:
-        if text.count(lines) != 1:
+        if sum(text.count(known) for known in _variants(lines)) != 1:
             return f"{_CPP_EXTENSION} no longer has {lines.strip().splitlines()[0]!r} as known"
     for name in ("\n_HERE ", "\n_TORCH_PATH ", "\nTORCH_LIB_PATH ", "\ndef include_paths(", "\ninclude_paths ",
                  "\ndef library_paths(", "\nlibrary_paths "):
@@ -362,6 +362,20 @@ def _cpp_paths_codes() -> list[tuple[Any, Any]]:
                                     f"{', '.join(sorted(reads - _DEVICE_OPTIONS_READS))}")
         codes.append((function, recompile(function, cpp_builder, lines, f"def {name}(")))
     return codes
+
+
+#: torch 2.15's ``library_paths`` names a CUDA build's Windows library dir by a function of
+#: its own; a CPU build (all the functions here compute) reads only the first branch.
+_WINDOWS_CUDA_LIB = ("            if IS_WINDOWS:\n                lib_dir = os.path.join('lib', 'x64')\n",
+                     "            if IS_WINDOWS:\n                lib_dir = _windows_cuda_lib_dir()\n")
+
+
+def _variants(lines: str) -> tuple[str, ...]:
+    """The forms of :data:`_CPP_EXTENSION_LINES`' ``lines`` known in torch 2.13 to 2.15."""
+    old, new = _WINDOWS_CUDA_LIB
+    if lines.count(old) == 1:
+        return (lines, lines.replace(old, new))
+    return (lines,)
 
 
 def _path_rule(text: str) -> str:
