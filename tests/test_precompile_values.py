@@ -73,10 +73,11 @@ def test_a_changed_value_or_class_never_loads_the_publishers_graph(
     if name in THROUGH_A_MODULE:  # the entry was found, its graph did not prove its values
         assert load["reports"][0]["unproven"] == 1
         assert "not installed" in group["reason"] and "traced with" in group["reason"], group
-        # said, not only counted: one warning (issue 52); a new value compiles a new graph
+        # said, not only counted: one warning, and the start is not a plain hit (issue 52;
+        # "partial" where the new value also compiled a new FX graph)
         (warning,) = load["warnings"]
         assert "traced" in warning and "again" in warning and "traced with" in warning, warning
-        assert load["reports"][0]["outcome"] == "partial"
+        assert load["reports"][0]["outcome"] in ("hit, traced again", "partial")
 
 
 def test_an_entry_with_two_graphs_installs_only_the_one_traced_for_the_live_value(
