@@ -33,7 +33,7 @@ LATEST_TORCH ?= torch
 # with a KV cache, generate, and the demo model's cached start on a fresh node (test_capture).
 COMPAT_TESTS ?= tests/test_fingerprint.py tests/test_keys.py tests/test_torch_compat.py \
   tests/test_torch_compat_restored_code.py tests/test_precompile_values.py tests/test_regions.py \
-  tests/test_generate.py tests/test_capture.py
+  tests/test_generate.py tests/test_capture.py tests/test_torch_compat_wrapped_forward.py
 PIP_UPGRADE := $(if $(LOCK),,--upgrade --upgrade-strategy eager)
 # -e: the package is this tree (its extension built in place, compile_cache/_C*.so). The
 # compatibility venvs install a copy instead (EDITABLE=), reinstalled at each test-compat, so

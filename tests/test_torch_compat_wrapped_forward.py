@@ -93,9 +93,25 @@ def use_kernelized_func(*args):
 '''
 
 
+def _real_kernels() -> Any:
+    """kernels' layer module when transformers' LlamaAttention is wrapped by it (transformers
+    >= 5.25 with kernels installed: make test-latest), else None."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    if wrapped_forward._parts(LlamaAttention.__dict__.get("forward")) is None:
+        return None
+    return sys.modules["kernels._internals.layer.layer"]
+
+
 @pytest.fixture
 def kernels_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """kernels 0.19's layer module, as far as the wrapper goes."""
+    """kernels 0.19's layer module, as far as the wrapper goes (the real one where transformers
+    already uses it)."""
+    real = _real_kernels()
+    if real is not None:
+        yield real
+        wrapped_forward.uninstall()
+        return
     package = tmp_path / "kernels" / "_internals" / "layer"
     package.mkdir(parents=True)
     for folder in (tmp_path / "kernels", tmp_path / "kernels" / "_internals", package):
@@ -115,6 +131,8 @@ def kernels_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[A
 
 
 def _kernelized_llama(tiny_llama: Any, layer: Any) -> torch.nn.Module:
+    if _real_kernels() is layer:  # transformers' own LlamaAttention is kernels-wrapped
+        return tiny_llama(layers=3).eval()
     from transformers.models.llama.modeling_llama import LlamaAttention
 
     class KernelizedAttention(LlamaAttention):
