@@ -22,15 +22,38 @@ TEST_WORKERS ?= 2
 # loopback sshd twice); installed with apt-get when missing (sudo unless root).
 APT ?= $(if $(filter 0,$(shell id -u)),,sudo )apt-get
 
-.PHONY: install demo test lint docs bench clean
+# `make test-latest`: the compatibility subset (COMPAT_TESTS) in its own venv with the newest
+# releases a user gets today (no lock: the newest torch, transformers and what they pull in,
+# kernels included), upgraded at every install. The same subset on another torch of the support
+# window (pyproject.toml: torch 2.11 to 2.15), e.g. the oldest:
+#   make test-latest LATEST_VENV=.venv-2.11 LATEST_TORCH=torch==2.11.0
+# Where pip's own configuration caps torch (a constraint file), lift it with
+# PIP_CONSTRAINT=/dev/null make test-latest.
+LATEST_VENV ?= .venv-latest
+LATEST_TORCH ?= torch
+# What breaks first when torch or transformers move: the fingerprint (native and Python), the
+# keys, the capabilities read from torch's source, precompile's save and load, Llama regions
+# with a KV cache, generate, and the demo model's cached start on a fresh node (test_capture).
+COMPAT_TESTS ?= tests/test_fingerprint.py tests/test_keys.py tests/test_torch_compat.py \
+  tests/test_torch_compat_restored_code.py tests/test_precompile_values.py tests/test_regions.py \
+  tests/test_generate.py tests/test_capture.py tests/test_torch_compat_wrapped_forward.py
+PIP_UPGRADE := $(if $(LOCK),,--upgrade --upgrade-strategy eager)
+# -e: the package is this tree (its extension built in place, compile_cache/_C*.so). The
+# compatibility venvs install a copy instead (EDITABLE=), reinstalled at each test-compat, so
+# that each keeps an extension built against its own torch; their tests then run with
+# PYTHONSAFEPATH=1, which keeps this tree's compile_cache off sys.path.
+EDITABLE ?= -e
+
+.PHONY: install demo test test-latest test-compat lint docs bench clean
 
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(PIP_LOCK) --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_LOCK) "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
-	$(PY) -m pip install --quiet $(PIP_LOCK) --no-build-isolation -e ".[test,bench,s3,gcs,azure,docs]"
+	$(PY) -m pip install --quiet $(PIP_LOCK) $(PIP_UPGRADE) "$(TORCH_SPEC)" setuptools wheel "pybind11>=2.12" ninja
+	# TORCH_SPEC again: an unlocked upgrade of the extras' dependencies keeps that torch.
+	$(PY) -m pip install --quiet $(PIP_LOCK) $(PIP_UPGRADE) --no-build-isolation $(EDITABLE) ".[test,bench,s3,gcs,azure,docs]" "$(TORCH_SPEC)"
 	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to install Azurite, the az:// test emulator"; exit 1; }
 	test -x $(AZURITE_DIR)/node_modules/.bin/azurite-blob \
 	  && grep -q '"version": "$(AZURITE_VERSION)"' $(AZURITE_DIR)/node_modules/azurite/package.json \
@@ -52,6 +75,16 @@ test: install
 	# child processes would otherwise compile the package's source again (~0.35 s of CPU each).
 	$(PY) -m compileall -q compile_cache tests
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+
+test-latest:
+	$(MAKE) test-compat VENV=$(LATEST_VENV) TORCH_SPEC="$(LATEST_TORCH)" LOCK= EDITABLE=
+
+# The compatibility subset in $(VENV) (test-latest's, or the locked .venv).
+test-compat: install
+	$(if $(EDITABLE),,$(PY) -m pip install --quiet --no-deps --no-build-isolation --force-reinstall .)
+	$(PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|kernels|accelerate) '
+	$(PY) -m compileall -q tests
+	$(if $(EDITABLE),,PYTHONSAFEPATH=1) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(COMPAT_TESTS)
 
 lint: install
 	$(PY) -m ruff check compile_cache tests benchmarks docs

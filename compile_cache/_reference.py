@@ -16,7 +16,8 @@ value: ``b"n"`` None, ``b"b" u8``, ``b"i" S(str(int))``, ``b"f" S(repr(float))``
 ``b"t" u32(n) values``.
 
 forward_digest is the XXH3-128 digest of ``b"K" code`` for a Python function (the instance's
-own ``forward`` if it has one, else the class's), or of ``b"X" S(qualified type name)`` for a
+own ``forward`` if it has one, else the class's; a function with ``__compile_cache_fingerprint_as__``
+is hashed as the function that attribute holds), or of ``b"X" S(qualified type name)`` for a
 callable without ``__code__``. code: ``S(co_code bytes) u32(n) consts u32(n) S(names)``, constants
 encoded as values plus ``b"c" S(repr(complex))``, ``b"y" u32(len) bytes``, ``b"z" u32(n)
 sorted(encoded elements)`` for frozensets, ``b"e"`` for Ellipsis, ``b"k" code`` for nested code
@@ -129,8 +130,15 @@ def _forward_callable(module: nn.Module) -> object:
     return getattr(type(module), "forward", None)
 
 
+#: A forward that compile_cache puts in place of another (a class's ``forward`` as installed,
+#: ``compile_cache.torch_compat.kv.wrapped_forward``) names it here: it is hashed as that one, so
+#: a key does not depend on whether the stand-in is installed yet.
+FINGERPRINT_AS = "__compile_cache_fingerprint_as__"
+
+
 def _forward_digest(function: object, cache: dict[int, tuple[object, bytes]]) -> bytes:
     function = getattr(function, "__func__", function)
+    function = getattr(function, FINGERPRINT_AS, function)
     hit = cache.get(id(function))
     if hit is not None and hit[0] is function:
         return hit[1]

@@ -54,7 +54,8 @@ _ENVIRONMENT: dict[str, tuple[str, str]] = {
     "devices": ("device kinds the graphs are compiled for (parameters' and buffers' devices)",
                 "the entry's graphs are for other devices: CPU facts key CPU graphs, GPU facts "
                 "GPU graphs"),
-    "compile_on_one_rank": ("torch.distributed.config.compile_on_one_rank",
+    "compile_on_one_rank": ("torch.compiler.config.compile_on_one_rank (torch 2.13: "
+                            "torch.distributed.config's)",
                             "the entry was compiled with another compile_on_one_rank setting"),
     "cpu_capability": ("CPU instruction set", "the entry was compiled on another kind of CPU"),
     "torch": ("torch version", "the entry was compiled by another torch build"),

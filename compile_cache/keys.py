@@ -14,8 +14,8 @@ only restored under an equal one, because torch's own cache keys (``FxGraphHashD
 ``torch/_inductor/codecache.py``) contain the same things and any difference is a silent miss at
 best. The fields mirror that key: torch build, Python, the default dtype, deterministic-algorithm
 settings, digests of the Inductor, AOTAutograd (functorch) and Dynamo configs (read through
-:mod:`compile_cache.torch_compat.configs`), ``torch.distributed.config.compile_on_one_rank``
-when set, and the facts of the devices the model's graphs are compiled for:
+:mod:`compile_cache.torch_compat.configs`), ``compile_on_one_rank`` when set
+(``torch.compiler.config``; ``torch.distributed.config`` on torch 2.13), and the facts of the devices the model's graphs are compiled for:
 
 * **CPU graphs** (a parameter or buffer on the CPU): the thread count (``get_num_threads()`` is
   in the FX key of CPU graphs; ``torchrun`` sets ``OMP_NUM_THREADS=1``) and the vector ISA;
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import inspect
@@ -297,16 +298,30 @@ def region_devices(model: Any) -> list[str] | None:
 _NOT_GPU = frozenset({"cpu", "meta"})
 
 
+#: Where ``compile_on_one_rank`` lives, newest first: torch >= 2.14 moved it to
+#: ``torch.compiler.config`` and left a deprecated alias in ``torch.distributed.config``, whose
+#: every read warns (FutureWarning); torch 2.13 has it only there.
+_ONE_RANK_HOMES = ("torch.compiler.config", "torch.distributed.config")
+
+
 def _compile_on_one_rank() -> str | None:
-    """``torch.distributed.config.compile_on_one_rank`` when set (torch 2.13), else None."""
-    module = sys.modules.get("torch.distributed.config")
-    if module is None:
-        try:
-            import torch.distributed.config as module  # type: ignore[no-redef]
-        except Exception:
-            return None
-    value = getattr(module, "compile_on_one_rank", False)
-    return str(bool(value)) if value else None
+    """``compile_on_one_rank`` (``torch.compiler.config``, torch >= 2.14;
+    ``torch.distributed.config``, torch 2.13) when set, else None."""
+    for name in _ONE_RANK_HOMES:
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a torch without that module: the next home
+                continue
+        # A config module answers only its own settings (AttributeError otherwise).
+        value = getattr(module, "compile_on_one_rank", _ABSENT)
+        if value is not _ABSENT:
+            return str(bool(value)) if value else None
+    return None
+
+
+_ABSENT = object()
 
 
 def environment(devices: list[str] | tuple[str, ...] | None = None) -> dict[str, str]:

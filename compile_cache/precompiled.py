@@ -115,6 +115,9 @@ class PrecompileEvent:
     persist: bool = False
     #: Graphs of the restored entry not installed (values not proven here): traced again.
     unproven: int = 0
+    #: The group traced although the store held its entry (its graphs not installed, or the
+    #: entry unreadable): the start's outcome is "hit, traced again".
+    traced_again: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,11 +285,11 @@ class GroupPrecompiler:
         self.functions[code_name] = pf
         pf.on_decline(lambda f: self._declined_later(code_name, label, f))
         if pf.status == "unused":
-            pf.on_first_trace(lambda f: self._event(PrecompileEvent(
-                code_name, label, name, "new", _unproven_detail(f))))
+            pf.on_first_trace(lambda f: self._first_trace(code_name, label, name, f))
         status, detail = pf.status, pf.declined or _unproven_detail(pf)
         if pf.load_error and status != "failed":
             self._event(PrecompileEvent(code_name, label, name, "load_error", pf.load_error))
+            _warn_traced_again(label, f"its restored entry could not be loaded ({pf.load_error})")
         if not (status == "unused" and code_name.endswith((VIEWS_SUFFIX, CACHE_SUFFIX))):
             # a decode-steps or cache-calls function is in the report once used (or loaded)
             self._event(PrecompileEvent(code_name, label, name, status, detail,
@@ -325,6 +328,14 @@ class GroupPrecompiler:
                 RegionPrecompileWarning,
             )
         self._declines.clear()
+
+    def _first_trace(self, code_name: str, label: str, name: str, pf: pc.PrecompiledFunction) -> None:
+        """The group traced its first graph: new, or traced again because the graphs of its
+        restored entry were not installed (warned: a precompiled start was expected)."""
+        detail = _unproven_detail(pf)
+        if detail:
+            _warn_traced_again(label, detail)
+        self._event(PrecompileEvent(code_name, label, name, "new", detail, traced_again=bool(detail)))
 
     def _declined_later(self, code_name: str, label: str, pf: pc.PrecompiledFunction) -> None:
         _warnings.warn(
@@ -464,6 +475,8 @@ class PrecompileTracker:
                 label=event.label, status=event.status, reason=event.detail)
         if event.persist:
             self._new[event.entry] = {"declined": event.detail}
+        if event.traced_again or event.status == "load_error":
+            self.report.precompile_traced_again += 1
         self._count(event.status, unproven=event.unproven)
 
     def _count(self, status: str, unproven: int = 0) -> None:
@@ -479,6 +492,14 @@ class PrecompileTracker:
         elif status in ("failed", "load_error"):
             self.report.precompile_load_errors += 1
             record_precompile(self.store, load_errors=1)
+
+
+def _warn_traced_again(label: str, why: str) -> None:
+    """A restored precompiled entry that did not (all) load: its calls are traced again, which
+    a precompiled start exists to skip. Warned, so that losing it is never silent (the report's
+    outcome says ``hit, traced again``; ``stats`` counts it)."""
+    _warnings.warn(f"compile_cache: precompile traced {label} again: {why}. The outputs are "
+                   "right; the start is slower than a precompiled one.", RegionPrecompileWarning)
 
 
 def _unproven_detail(pf: pc.PrecompiledFunction) -> str:

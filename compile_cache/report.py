@@ -51,6 +51,9 @@ class CacheReport:
     #: Graphs of restored precompile entries not installed (traced again): their recorded
     #: values differ here, or could not be proven (the groups' ``reason`` says which).
     precompile_unproven: int = 0
+    #: Groups that traced although the store held their entry (its graphs not installed here,
+    #: or the entry unreadable): warned, and the outcome says "hit, traced again".
+    precompile_traced_again: int = 0
     #: The automatic-dynamic decisions restored for the model's regions: per code name, the
     #: inputs (and dimensions) the store has seen vary, so this process compiles them dynamic.
     dynamic_inputs: dict[str, list[str]] = dataclasses.field(default_factory=dict)
@@ -67,6 +70,17 @@ class CacheReport:
 
     @property
     def outcome(self) -> str:
+        """What this start got from the store: :attr:`counted_outcome`, except that a hit whose
+        restored precompile entries did not load (their graphs not proven here, an entry torch
+        could not read: Dynamo traced those groups again, which a precompiled start exists to
+        skip; :attr:`precompile_traced_again`, warned) says so: ``hit, traced again``."""
+        counted = self.counted_outcome
+        if counted == "hit" and self.precompile_traced_again:
+            return "hit, traced again"
+        return counted
+
+    @property
+    def counted_outcome(self) -> str:
         """The one meaning of hit, as ``stats`` counts it: ``hit`` (restored, compiled nothing
         new), ``partial`` (restored, then compiled new graphs), ``miss`` (nothing restored from
         the store, compiled) or ``local`` (nothing restored, but torch's local cache had it all:

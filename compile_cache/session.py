@@ -280,7 +280,7 @@ class CacheSession:
         """Counts this start in the store's stats, once: at the end of its first forward, and
         again only to correct a hit that then compiled something (a partial hit) or a local-cache
         hit that then compiled (a miss)."""
-        outcome = self.report.outcome
+        outcome = self.report.counted_outcome
         if outcome == self._counted:
             return
         if self._counted is None or (self._counted, outcome) in (("hit", "partial"), ("local", "miss")):

@@ -52,6 +52,7 @@ struct Names {
   PyObject* buffers = PyUnicode_InternFromString("_buffers");
   PyObject* forward = PyUnicode_InternFromString("forward");
   PyObject* func = PyUnicode_InternFromString("__func__");
+  PyObject* fingerprint_as = PyUnicode_InternFromString("__compile_cache_fingerprint_as__");
   PyObject* code = PyUnicode_InternFromString("__code__");
   PyObject* type_module = PyUnicode_InternFromString("__module__");
   PyObject* type_qualname = PyUnicode_InternFromString("__qualname__");
@@ -645,7 +646,8 @@ class Encoder {
   }
 
   // The digest of the module's forward: the instance's own `forward` when its __dict__ has a
-  // non-None one, else the class attribute; bound methods are unwrapped through __func__.
+  // non-None one, else the class attribute; bound methods are unwrapped through __func__, and a
+  // function with __compile_cache_fingerprint_as__ is hashed as that function.
   Digest forward_digest(PyObject* module, PyObject* state) {
     PyObject* own = PyDict_GetItemWithError(state, names().forward);
     if (own == nullptr && PyErr_Occurred()) {
@@ -670,6 +672,11 @@ class Encoder {
     py::object function = optional_attr(callable.ptr(), names().func);
     if (!function) {
       function = callable;
+    }
+    // A forward compile_cache put in its place (the reference's FINGERPRINT_AS) is hashed as
+    // the function it stands in for: the key does not change when it is installed.
+    if (py::object stands_for = optional_attr(function.ptr(), names().fingerprint_as)) {
+      function = std::move(stands_for);
     }
     Digest digest;
     const auto function_hit = forward_by_function_.find(function.ptr());

@@ -105,7 +105,8 @@ class Case:
         self.rec["dynamo_cache_hits"] = counters["dynamo_cache"]["dynamo_cache_hit"] - self.hits0
         self.rec["reports"] = [{"groups": r.precompile_groups, "published_packs": r.published_packs,
                                 "restored_packs": r.restored_packs,
-                                "unproven": r.precompile_unproven} for r in self._reports]
+                                "unproven": r.precompile_unproven, "outcome": r.outcome}
+                               for r in self._reports]
         # (not the one-time notice that an explicit precompile=True is under review)
         self.rec["warnings"] = [str(w.message) for w in self.caught
                                 if issubclass(w.category, compile_cache.RegionPrecompileWarning)

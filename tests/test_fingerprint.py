@@ -523,3 +523,29 @@ def test_class_lineage_is_the_same_in_every_process_and_hash_seed(tmp_path):
         assert done.returncode == 0, done.stderr
         results.add(done.stdout.strip().splitlines()[-1])
     assert len(results) == 1
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_stand_in_forward_is_fingerprinted_as_the_forward_it_replaces(backend: str) -> None:
+    """compile_cache replaces kernels' attention wrapper by a stand-in while regions run
+    (torch_compat.kv.wrapped_forward): the key must not depend on whether it is installed yet."""
+
+    class Layer(nn.Linear):
+        def forward(self, x):  # noqa: ANN001, ANN201
+            return super().forward(x) * 2
+
+    import types
+
+    before = root_digest(backend, Layer(2, 2))
+
+    def stand_in(self, x):  # noqa: ANN001, ANN202
+        return x
+
+    unmarked = Layer(2, 2)
+    unmarked.forward = types.MethodType(stand_in, unmarked)  # type: ignore[method-assign]
+    assert root_digest(backend, unmarked) != before  # another function: another digest
+    stand_in.__compile_cache_fingerprint_as__ = Layer.forward  # type: ignore[attr-defined]
+    marked = Layer(2, 2)
+    marked.forward = types.MethodType(stand_in, marked)  # type: ignore[method-assign]
+    assert root_digest(backend, marked) == before
+    both_backends(marked)

@@ -263,6 +263,35 @@ def test_compile_on_one_rank_is_in_the_key_only_when_set() -> None:
     assert envmod.environment(["cuda"]) == before
 
 
+def test_compile_on_one_rank_is_read_from_its_new_home_without_a_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch >= 2.14 moved compile_on_one_rank to torch.compiler.config; reading the old name
+    in torch.distributed.config warns (FutureWarning) in every process. Here torch 2.13's
+    modules get 2.14's shape: the setting is read from its new home, and nothing warns."""
+    import types
+    import warnings
+
+    def deprecated_alias(name: str) -> bool:
+        if name != "compile_on_one_rank":
+            raise AttributeError(name)
+        warnings.warn("torch.distributed.config.compile_on_one_rank is deprecated, use "
+                      "torch.compiler.config.compile_on_one_rank instead", FutureWarning, stacklevel=2)
+        return False
+
+    new_home = types.ModuleType("torch.compiler.config")
+    new_home.compile_on_one_rank = True  # type: ignore[attr-defined]
+    old_home = types.ModuleType("torch.distributed.config")
+    old_home.__getattr__ = deprecated_alias  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "torch.compiler.config", new_home)
+    monkeypatch.setitem(sys.modules, "torch.distributed.config", old_home)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = envmod.environment(["cuda"])
+    assert env["compile_on_one_rank"] == "True"
+    new_home.compile_on_one_rank = False  # type: ignore[attr-defined]
+    assert "compile_on_one_rank" not in envmod.environment(["cuda"])
+
+
 def test_explain_names_the_new_environment_fields(fake_gpus: dict[str, int]) -> None:
     """A GPU entry against a start whose compile_on_one_rank differs, and a CPU entry of the same
     model: explain names the device kinds, the setting and the GPU model, with a label each."""

@@ -40,3 +40,15 @@ def test_a_warm_shape_served_by_a_precompiled_entry_is_a_hit() -> None:
     assert _status(misses=0, hits=0, restored=1) == "hit"
     assert _status(misses=1, hits=1, restored=1) == "compiled"
     assert _status(misses=0, hits=0, restored=0) == "none"
+
+
+def test_a_hit_whose_precompiled_groups_traced_again_says_so_but_counts_as_a_hit() -> None:
+    """A restored start whose precompiled entries did not load (graphs not proven here, or an
+    entry torch could not read) traced those groups again: its outcome says so (issue 52: on
+    torch 2.14 every start said "hit" while tracing every frame), and stats still count a hit."""
+    traced = _report(restored_packs=1, fxgraph_hits=2, precompile_traced_again=1)
+    assert traced.outcome == "hit, traced again" and traced.counted_outcome == "hit"
+    assert traced.to_dict()["outcome"] == "hit, traced again"
+    assert _report(restored_packs=1, precompile_hits=1).outcome == "hit"
+    partial = _report(restored_packs=1, fxgraph_misses=1, precompile_traced_again=1)
+    assert partial.outcome == partial.counted_outcome == "partial"

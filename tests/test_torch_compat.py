@@ -115,7 +115,7 @@ def test_every_capability_is_available_on_this_torch() -> None:
         "dynamo.maybe_mark_dynamic", "cache_use.capture", "cpp_header.defer",
         "autotune.capture", "cudagraphs.modes", "pgo.code_state",
         "inductor.lazy_compile_stack", "pgo.automatic_dynamic", "inductor.light_restored_code",
-        "inductor.light_cpp_paths", "dynamo.lazy_decomp_table",
+        "inductor.light_cpp_paths", "dynamo.lazy_decomp_table", "kernels.resumable_forward",
     }
     assert all(r.available for r in rows), [tuple(r) for r in rows if not r.available]
     name, available, detail = rows[0]  # rows unpack as (name, available, detail)

@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import fresh_node_env
 
-from compile_cache.torch_compat import restored_code
+from compile_cache.torch_compat import module_source, restored_code
 
 HEADER = [
     "import torch",
@@ -242,6 +242,55 @@ def test_the_cpp_paths_are_cpp_extensions_own() -> None:
     assert restored_code._probe_cpp_paths() is None
 
 
+TORCH_213_PATH = ("\n_HERE = os.path.abspath(__file__)\n_TORCH_PATH = os.path.dirname(os.path.dirname(_HERE))\n"
+                  "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n")
+TORCH_214_PATH = ("\nfrom torch._utils_internal import get_file_path\n"
+                  '\n_TORCH_PATH = get_file_path("torch")\nTORCH_LIB_PATH = os.path.join(_TORCH_PATH, \'lib\')\n')
+
+
+WINDOWS_CUDA_LIB_213 = "            if IS_WINDOWS:\n                lib_dir = os.path.join('lib', 'x64')\n"
+WINDOWS_CUDA_LIB_215 = "            if IS_WINDOWS:\n                lib_dir = _windows_cuda_lib_dir()\n"
+
+
+@pytest.mark.parametrize("shape", ["torch 2.14", "torch 2.15", "neither"])
+def test_the_cpp_paths_follow_torch_2_14s_torch_path(monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    """torch >= 2.14's cpp_extension takes ``_TORCH_PATH`` from ``torch._utils_internal.
+    get_file_path("torch")`` instead of its own file's folder: the probe found torch 2.13's
+    lines missing, ``inductor.light_cpp_paths`` was missing (warned) and a restored start
+    imported setuptools. Here torch 2.13's source gets 2.14's shape: the capability holds and
+    the paths are still cpp_extension's; a source with neither rule is refused. torch 2.15 also
+    names a CUDA build's Windows library dir by a function in ``library_paths`` (a branch a CPU
+    build never reads), which made the capability missing on 2.15."""
+    from torch.utils import cpp_extension
+
+    found = module_source("torch.utils.cpp_extension")
+    assert found is not None
+    text = found[1]  # the running torch's: 2.13's shape is made 2.14's or 2.15's
+    get_file_path = TORCH_214_PATH.split("\n\n", 1)[1]
+    assert text.count(TORCH_213_PATH) + text.count(get_file_path) == 1
+    if shape == "neither":
+        text = text.replace(TORCH_213_PATH, "\n").replace(get_file_path, "\n")
+    else:
+        text = text.replace(TORCH_213_PATH, TORCH_214_PATH)
+    if shape == "torch 2.15":
+        text = text.replace(WINDOWS_CUDA_LIB_213, WINDOWS_CUDA_LIB_215)
+        assert text.count(WINDOWS_CUDA_LIB_215) == 1
+    real = restored_code.module_source
+    monkeypatch.setattr(restored_code, "module_source",
+                        lambda name: (found[0], text) if name == "torch.utils.cpp_extension" else real(name))
+    restored_code._torch_path.cache_clear()
+    try:
+        if shape == "neither":
+            assert "_TORCH_PATH" in (restored_code._probe_cpp_paths() or "")
+            return
+        assert restored_code._probe_cpp_paths() is None
+        for dirs in (True, False):
+            assert restored_code.include_paths("cpu", dirs) == cpp_extension.include_paths("cpu", dirs)
+            assert restored_code.library_paths("cpu", dirs) == cpp_extension.library_paths("cpu", dirs)
+    finally:
+        restored_code._torch_path.cache_clear()
+
+
 def test_install_swaps_the_cpp_builders_readers_and_uninstall_gives_them_back() -> None:
     from torch._inductor import cpp_builder
 
@@ -263,7 +312,7 @@ def test_install_swaps_the_cpp_builders_readers_and_uninstall_gives_them_back() 
 CPP_COMMAND_LINES = """
 import json, sys
 import torch
-from compile_cache.torch_compat import restored_code
+from compile_cache.torch_compat import module_source, restored_code
 from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 
 def command_line():

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: The modules that declare capabilities (imported by capabilities(), never at package import).
-MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "cache_use",
+MODULES = ("dynamo", "precompile", "inductor_cache", "isa", "c10d", "configs", "kv.cache", "kv.wrapped_forward", "cache_use",
            "cpp_header", "autotune", "cudagraphs", "pgo", "dynamic_shapes", "inductor_backend",
            "restored_code")
 

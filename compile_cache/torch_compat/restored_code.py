@@ -50,8 +50,9 @@ include_paths, TORCH_LIB_PATH``: cpp_extension imports setuptools (with distutil
 jaraco, ~75 modules) for building extensions, which loading a kernel never does. :func:`install`
 recompiles that function from torch's source with the import line reading
 :func:`cpp_extension_paths` instead: torch's own two names whenever cpp_extension is imported,
-else :func:`include_paths` and the library dir computed as cpp_extension computes them (its file's
-``_TORCH_PATH``; the lines repeated are checked in torch's source, :data:`_CPP_EXTENSION_LINES`),
+else :func:`include_paths` and the library dir computed as cpp_extension computes them (its
+``_TORCH_PATH``: torch 2.13 from its file's folder, torch >= 2.14 from ``torch._utils_internal``,
+:data:`_TORCH_PATH_RULES`; the lines repeated are checked in torch's source, :data:`_CPP_EXTENSION_LINES`),
 so the command lines and keys are torch's. Capability ``inductor.light_cpp_paths``: without it
 the first kernel key imports cpp_extension, as torch does.
 """
@@ -60,7 +61,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import threading
 import types
@@ -130,13 +133,24 @@ _DEVICE_OPTIONS = (
     ("    from torch.utils import cpp_extension\n",
      f'    cpp_extension = sys.modules["{__name__}"].cpp_extension()\n'),
 )
+#: Where torch/utils/cpp_extension.py takes its ``_TORCH_PATH`` from, each rule's lines as in
+#: that file: torch 2.13 the folder above its own file's folder; torch >= 2.14 torch's
+#: ``_utils_internal.get_file_path("torch")`` (the folder of the installed package, which an
+#: editable install may put elsewhere). Exactly one is in torch's source (:func:`_path_rule`).
+_TORCH_PATH_RULES = {
+    "file": "\n_HERE = os.path.abspath(__file__)\n_TORCH_PATH = os.path.dirname(os.path.dirname(_HERE))\n"
+            "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n",
+    "get_file_path": "\nfrom torch._utils_internal import get_file_path\n",
+}
+_GET_FILE_PATH_LINES = ('\n_TORCH_PATH = get_file_path("torch")\n'
+                        "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n")
+#: The attributes of cpp_extension that ``get_cpp_torch_device_options`` may read (torch 2.13:
+#: the first two; torch >= 2.14 also CUDA_HOME): :func:`cpp_extension`'s namespace has them.
+_DEVICE_OPTIONS_READS = frozenset({"include_paths", "library_paths", "CUDA_HOME"})
 #: What :func:`include_paths` and :func:`cpp_extension_paths` repeat of torch/utils/cpp_extension.py
-#: (torch 2.13), each once in that file: where the torch dir comes from, the library dir, and
-#: the whole of ``include_paths`` and ``library_paths`` (a CPU build reads only their first
-#: branch).
+#: (torch 2.13 to 2.15), each once in that file: the whole of ``include_paths`` and
+#: ``library_paths`` (a CPU build reads only their first branch).
 _CPP_EXTENSION_LINES = (
-    "\n_HERE = os.path.abspath(__file__)\n_TORCH_PATH = os.path.dirname(os.path.dirname(_HERE))\n"
-    "TORCH_LIB_PATH = os.path.join(_TORCH_PATH, 'lib')\n",
     r'''
 def include_paths(device_type: str = "cpu", torch_include_dirs=True) -> list[str]:
     """
@@ -309,8 +323,12 @@ def _probe_cpp_paths() -> str | None:
     if found is None:
         return f"{_CPP_EXTENSION} has no source file"
     text = found[1]
+    try:
+        _path_rule(text)
+    except UnknownSource as exc:
+        return str(exc)
     for lines in _CPP_EXTENSION_LINES:
-        if text.count(lines) != 1:
+        if sum(text.count(known) for known in _variants(lines)) != 1:
             return f"{_CPP_EXTENSION} no longer has {lines.strip().splitlines()[0]!r} as known"
     for name in ("\n_HERE ", "\n_TORCH_PATH ", "\nTORCH_LIB_PATH ", "\ndef include_paths(", "\ninclude_paths ",
                  "\ndef library_paths(", "\nlibrary_paths "):
@@ -337,20 +355,59 @@ def _cpp_paths_codes() -> list[tuple[Any, Any]]:
         function = vars(cpp_builder).get(name)
         if getattr(function, "__module__", None) != cpp_builder.__name__:
             raise UnknownSource(f"cpp_builder.{name} is not torch's function")
+        if lines is _DEVICE_OPTIONS:
+            reads = set(re.findall(r"\bcpp_extension\.(\w+)", inspect.getsource(function)))
+            if not reads <= _DEVICE_OPTIONS_READS:
+                raise UnknownSource(f"cpp_builder.{name} reads cpp_extension's "
+                                    f"{', '.join(sorted(reads - _DEVICE_OPTIONS_READS))}")
         codes.append((function, recompile(function, cpp_builder, lines, f"def {name}(")))
     return codes
 
 
+#: torch 2.15's ``library_paths`` names a CUDA build's Windows library dir by a function of
+#: its own; a CPU build (all the functions here compute) reads only the first branch.
+_WINDOWS_CUDA_LIB = ("            if IS_WINDOWS:\n                lib_dir = os.path.join('lib', 'x64')\n",
+                     "            if IS_WINDOWS:\n                lib_dir = _windows_cuda_lib_dir()\n")
+
+
+def _variants(lines: str) -> tuple[str, ...]:
+    """The forms of :data:`_CPP_EXTENSION_LINES`' ``lines`` known in torch 2.13 to 2.15."""
+    old, new = _WINDOWS_CUDA_LIB
+    if lines.count(old) == 1:
+        return (lines, lines.replace(old, new))
+    return (lines,)
+
+
+def _path_rule(text: str) -> str:
+    """The name of the :data:`_TORCH_PATH_RULES` rule cpp_extension's source ``text`` follows;
+    :class:`UnknownSource` unless exactly one of them is there, once, as known."""
+    found = [name for name, lines in _TORCH_PATH_RULES.items() if text.count(lines) == 1]
+    if found == ["get_file_path"] and (
+            text.count(_GET_FILE_PATH_LINES) != 1 or "\n_HERE " in text):
+        found = []
+    if len(found) != 1:
+        raise UnknownSource(f"{_CPP_EXTENSION} no longer sets _TORCH_PATH and TORCH_LIB_PATH as known")
+    return found[0]
+
+
 @functools.cache
 def _torch_path() -> str:
-    """cpp_extension's ``_TORCH_PATH``: the folder above the folder of its file, as the import
-    system would load it (found, not imported)."""
+    """cpp_extension's ``_TORCH_PATH``, by the rule its source follows (:func:`_path_rule`;
+    found and read, not imported): torch 2.13 the folder above the folder of its file, as the
+    import system would load it; torch >= 2.14 ``torch._utils_internal.get_file_path("torch")``
+    (torch's own function, imported with torch)."""
+    found = module_source(_CPP_EXTENSION)
+    rule = _path_rule(found[1]) if found is not None else "file"
+    if rule == "get_file_path":
+        from torch._utils_internal import get_file_path
+
+        return get_file_path("torch")
     spec = importlib.util.find_spec(_CPP_EXTENSION)
     return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))  # type: ignore[union-attr, arg-type]
 
 
 def include_paths(device_type: str = "cpu", torch_include_dirs: bool = True) -> list[str]:
-    """``torch.utils.cpp_extension.include_paths`` (torch 2.13, :data:`_CPP_EXTENSION_LINES`):
+    """``torch.utils.cpp_extension.include_paths`` (torch 2.13-2.15, :data:`_CPP_EXTENSION_LINES`):
     computed here for a CPU build, torch's own function for any other device."""
     if device_type != "cpu":
         from torch.utils.cpp_extension import include_paths as torchs
@@ -364,7 +421,7 @@ def include_paths(device_type: str = "cpu", torch_include_dirs: bool = True) -> 
 
 def library_paths(device_type: str = "cpu", torch_include_dirs: bool = True,
                   cross_target_platform: str | None = None) -> list[str]:
-    """``torch.utils.cpp_extension.library_paths`` (torch 2.13, :data:`_CPP_EXTENSION_LINES`):
+    """``torch.utils.cpp_extension.library_paths`` (torch 2.13-2.15, :data:`_CPP_EXTENSION_LINES`):
     computed here for a CPU build, torch's own function for any other device."""
     if device_type != "cpu":
         from torch.utils.cpp_extension import library_paths as torchs
@@ -375,12 +432,15 @@ def library_paths(device_type: str = "cpu", torch_include_dirs: bool = True,
 
 def cpp_extension() -> Any:
     """``torch.utils.cpp_extension`` when it is imported, else a namespace of the
-    :func:`include_paths` and :func:`library_paths` here (all ``get_cpp_torch_device_options``
-    reads of it)."""
+    :func:`include_paths` and :func:`library_paths` here and ``CUDA_HOME`` (all
+    ``get_cpp_torch_device_options`` reads of it: :data:`_DEVICE_OPTIONS_READS`)."""
     module = sys.modules.get(_CPP_EXTENSION)
     if module is not None:
         return module
-    return types.SimpleNamespace(include_paths=include_paths, library_paths=library_paths)
+    # CUDA_HOME: torch >= 2.14 reads it first (and sets it from the environment when None);
+    # only a CUDA build uses it, and that calls torch's own functions, not these
+    return types.SimpleNamespace(include_paths=include_paths, library_paths=library_paths,
+                                 CUDA_HOME=None)
 
 
 def cpp_extension_paths() -> tuple[Callable[..., list[str]], str]:

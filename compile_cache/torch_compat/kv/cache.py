@@ -272,9 +272,17 @@ def run_in_region(fn: Callable[..., Any], args: tuple, kwargs: dict, record: lis
         _TLS.record = record
     outer = SCOPE.active
     SCOPE.active = True
+    # kernels' context variables, which a traced stand-in for its wrapper leaves set when the
+    # call raises (.wrapped_forward; not imported here: loaded once it patched a class)
+    wrapped = sys.modules.get(__package__ + ".wrapped_forward")
+    kernels_state = wrapped.saved() if wrapped is not None else None
     try:
         with _NESTED:
             return fn(*args, **kwargs)
+    except BaseException:
+        if kernels_state:
+            wrapped.restore(kernels_state)  # type: ignore[union-attr]
+        raise
     finally:
         SCOPE.active = outer
         if record is not None:

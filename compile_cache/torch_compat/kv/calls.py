@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import available
+from . import wrapped_forward
 from .cache import CACHE_ARGUMENTS, install, is_cache, run_in_region, run_traced
 
 log = logging.getLogger("compile_cache")
@@ -174,6 +175,11 @@ class CacheCalls:
             return False, None
         if size < 2 or compile_kwargs.get("fullgraph") or not install():
             return True, None
+        block = getattr(forward, "__self__", None)
+        if block is not None and hasattr(block, "modules"):
+            # kernels' attention wrapper: its try/finally would stop the update's graph break
+            # from resuming in the block (.wrapped_forward)
+            wrapped_forward.install(block.modules())
         calls.attributes = tuple(attributes)
         calls.traced_updates = size <= TRACED_MAX_BLOCKS
         calls.mark_dynamic &= compile_kwargs.get("dynamic") is not False  # dynamic=False: as asked

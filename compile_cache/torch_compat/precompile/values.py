@@ -229,26 +229,35 @@ def _differs(guards_state: bytes, record: dict[str, str]) -> str | None:
     with tracing(TracingContext(None)):
         state = load_guards_state(guards_state)
     graph = state.output_graph
-    # by (source, type): one source may carry several guards
+    # by (source, type): one source may carry several guards (torch >= 2.14: an empty hook dict
+    # has both SEQUENCE_LENGTH and EMPTY_NN_MODULE_HOOKS_DICT); a record without a type is proven
+    # by any guard of its source whose description matches
     guards = {(guard.name, guard.create_fn_name()): guard for guard in graph.guards}
-    by_name = {guard.name: guard for guard in graph.guards}
+    by_name: dict[str, list[Any]] = {}
+    for guard in graph.guards:
+        by_name.setdefault(guard.name, []).append(guard)
     scope = {"L": graph.local_scope, "G": graph.global_scope,
              "__builtins__": builtins.__dict__.copy()}
     closure_vars = _get_closure_vars()
     cache: dict[Any, Any] = {}
     for key, expected in record.items():
         guard_type, source = _split_key(key)
-        guard = by_name.get(source) if guard_type is None else guards.get((source, guard_type))
-        if guard is None:
+        if guard_type is None:
+            on_source = by_name.get(source, [])
+        else:
+            on_source = [g for g in (guards.get((source, guard_type)),) if g is not None]
+        if not on_source:
             return f"{source}: not among the graph's guards"
         try:
-            value = guard.originating_source.get_value(scope, closure_vars, cache)
+            value = on_source[0].originating_source.get_value(scope, closure_vars, cache)
         except Exception as exc:  # noqa: BLE001 - a source that no longer resolves has changed
             return f"{source} cannot be evaluated here ({type(exc).__name__})"
         attr = expected.split(":", 2)[1][1:-1] if expected.startswith("hasattr:") else None
-        found = describe_value(guard.create_fn_name(), value, source, attr=attr)
-        if found != expected:
-            return f"{source} is {found} here but the graph was traced with {expected}"
+        found = [d for d in (describe_value(g.create_fn_name(), value, source, attr=attr)
+                             for g in on_source) if d is not None]
+        if expected not in found:
+            here = " / ".join(found) if found else None
+            return f"{source} is {here} here but the graph was traced with {expected}"
     return None
 
 
