@@ -835,6 +835,8 @@ PAGE: tuple[Scenario, ...] = (
              _one(section_table)),
     Scenario("Memory bounds against hostile packs and archives", ("memory_bounds.json",),
              _one(section_table)),
+    Scenario("Supported torch releases: the demo's cached start", ("torch_versions.json",),
+             _one(section_table)),
 )
 
 PAGE_INTRO = """# Benchmark results
