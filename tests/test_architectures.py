@@ -84,9 +84,11 @@ def test_a_cold_node_precompiles_every_group_and_compiles_each_graph_once(
     declined = [g for g in groups.values() if g["status"] == "declined"]
     if arch in DECLINES:
         cls, why = DECLINES[arch]
-        assert [g["label"] for g in declined if cls in g["label"] and why in g["reason"]] == [
-            g["label"] for g in declined] and declined, groups
-    assert groups and {g["status"] for g in groups.values() if g not in declined} == {"new"}, groups
+        assert [g for g in declined if cls in g["label"] and why in g["reason"]], groups
+    # What the guard allow-list cannot prove declines (issue 53): said, with the guard, never
+    # silent; every other group saved its entry.
+    assert all(g["reason"] for g in declined), groups
+    assert groups and {g["status"] for g in groups.values() if g not in declined} <= {"new"}, groups
     # "declined" counts only what happened: a group that could not precompile. The calls that
     # pass a KV cache (generate) precompile too (issue 35: the prefill's cache update traced
     # into the graph, one entry per block), so none of them is declined.
@@ -96,8 +98,10 @@ def test_a_cold_node_precompiles_every_group_and_compiles_each_graph_once(
         rec["warnings"])
     if arch in GENERATE:  # the calls with a cache have their own entry, traced here
         cache = [g for name, g in groups.items() if name.endswith("__cache")]
-        assert cache and {g["status"] for g in cache} == {"new"}, groups
-    if arch not in GENERATE | TRAIN | set(DECLINES):
+        statuses = {g["status"] for g in cache}
+        # (a part compiled whole, T5's decoder self-attention, declines: not pinned, issue 53)
+        assert cache and "new" in statuses and statuses <= {"new", "declined"}, groups
+    if arch not in GENERATE | TRAIN | set(DECLINES) and not declined:
         # no graph compiled twice (a decline while tracing recompiled the group: torch's local
         # cache then served its second compile)
         assert rec["fx_hits"] == 0 and rec["fx_misses"] == rec["frames"], rec
@@ -112,20 +116,24 @@ def test_a_fresh_node_loads_every_groups_entry_and_compiles_nothing(
     _no_false_alarms(rec)
     assert rec["restored_packs"] >= 1 and rec["fx_misses"] == 0, rec["summary"]
     groups = _groups(rec)
+    declined = [g for g in groups.values() if g["status"] == "declined"]
     for g in groups.values():
         if arch in DECLINES and DECLINES[arch][0] in g["label"]:  # declined at once, remembered
             assert g["status"] == "declined" and "recorded in the store" in g["reason"], g
+        elif g in declined:  # a decline the publisher found (the allow-list), remembered
+            assert "recorded in the store" in g["reason"], g
         else:
             assert g["status"] == "loaded" and not g["reason"], g
-    if arch not in DECLINES:
+    if arch not in DECLINES and not declined:
         # nothing traced at all: generate() too (issue 35; Qwen2 traced 2 frames, T5 6, once 12)
         assert rec["frames"] == 0 and rec["fx_hits"] == 0, rec
     assert "new" not in rec["summary"].split("precompile:")[-1], rec["summary"]
     cache = sorted(g["label"] for name, g in groups.items() if name.endswith("__cache"))
     if arch == "t5":
-        # The decoder's self-attention layers (each compiled on its own) and its cross-attention
-        # group (one entry per block) load their KV-cache calls' entries.
-        assert len(cache) == 3 and all("decoder.block." in label for label in cache), groups
+        # The decoder's cross-attention group (one entry per block) loads its KV-cache calls'
+        # entries; its self-attention layers (each compiled on its own: a part compiled whole)
+        # declined on the publisher under the guard allow-list (issue 53), remembered.
+        assert cache and all("decoder.block." in label for label in cache), groups
         assert len([label for label in cache if "T5LayerCrossAttention x2" in label]) == 1
     elif arch == "qwen2":  # the decoder layers' prefill, and their decode steps (layer view)
         assert len(cache) == 1 and "Qwen2DecoderLayer x2" in cache[0], groups
@@ -155,4 +163,6 @@ def test_an_encoder_layer_is_not_a_kv_cache_block(nodes: dict[str, Any]) -> None
         rec = nodes[phase]["bert"]
         assert not [g for g in _groups(rec).values() if "cache_calls" in g], _groups(rec)
         assert not [name for name in _groups(rec) if name.endswith("__views")], _groups(rec)
-        assert rec["precompile_declined"] == 0 and rec["warnings"] == []
+        declined = [g for g in _groups(rec).values() if g["status"] == "declined"]
+        assert rec["precompile_declined"] == len(declined)
+        assert all(w.startswith("RegionPrecompileWarning") for w in rec["warnings"]), rec["warnings"]
