@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 
-from .ondisk import open_lockdir, open_record
+from .ondisk import RECORD_LIMIT, open_lockdir, open_record
 
 __all__ = ["CLOCK_SKEW", "unchanged_for"]
 
@@ -50,7 +50,7 @@ def _state(dfd: int, name: str) -> object:
             return own
         try:
             rst = os.fstat(fd)
-            return (own, rst.st_ino, rst.st_mtime_ns, rst.st_size, os.read(fd, 200))
+            return (own, rst.st_ino, rst.st_mtime_ns, rst.st_size, os.read(fd, RECORD_LIMIT))
         except OSError:
             return own
         finally:
