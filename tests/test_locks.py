@@ -125,13 +125,13 @@ def test_a_holder_killed_with_sigkill_is_broken_by_the_next_waiter(tmp_path) -> 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=WAIT)
     lock_dir = base.with_name("key.lockdir")
-    assert lock_dir.is_dir()  # a mkdir lock survives its holder...
+    assert lock_dir.is_symlink()  # a mkdir lock (a link holding the record) survives its holder...
     assert read_holder(lock_dir).pid == proc.pid
     started = time.monotonic()
     with FileLock(base, mode="mkdir", timeout=5.0) as lock:  # ...and the next waiter breaks it
         assert read_holder(lock.path).pid == os.getpid()
     assert time.monotonic() - started < 5.0
-    assert not lock_dir.exists()
+    assert not os.path.lexists(lock_dir)
 
 
 def test_a_killed_fcntl_holder_releases_its_lock(tmp_path) -> None:
@@ -220,7 +220,7 @@ def test_enolck_falls_back_to_mkdir(tmp_path, monkeypatch, caplog, fresh_state) 
     lock = FileLock(tmp_path / "key", mode="fcntl", timeout=2)
     with lock:
         assert lock.mode == "mkdir"
-        assert (tmp_path / "key.lockdir").is_dir()
+        assert (tmp_path / "key.lockdir").is_symlink()
     assert "falling back to mkdir" in caplog.text
     mode, reason = lock_mode_for(tmp_path)  # later locks on that filesystem go straight to mkdir
     assert mode == "mkdir" and "ENOLCK" in reason
@@ -282,9 +282,8 @@ def test_bad_mode_and_reentry_are_errors(tmp_path) -> None:
 def test_release_after_the_lock_was_broken_leaves_the_new_holder_alone(tmp_path) -> None:
     base = tmp_path / "key"
     lock = FileLock(base, mode="mkdir", timeout=1).acquire()
-    (lock.path / "owner").write_text(
-        f"othernode:9:{time.time():.3f}"
-    )  # broken and re-taken elsewhere
+    lock.path.unlink()  # broken and re-taken elsewhere
+    lock.path.symlink_to(f"othernode:9:{time.time():.3f}")
     lock.release()
     assert read_holder(lock.path) is not None and read_holder(lock.path).host == "othernode"
 
@@ -335,3 +334,77 @@ def test_a_holder_record_with_a_heartbeat_that_is_no_finite_number_is_no_holder(
     for bad in ("othernode:1:nan:ns", "othernode:1:inf", "othernode:1:-inf:ns", "othernode:1:1e999"):
         assert LockHolder.parse(bad) is None, bad
     assert LockHolder.parse("othernode:1:1.5:ns") == LockHolder("othernode", 1, 1.5, "ns")
+
+
+# ---------------------------------------------------------------------------------------------
+# The mkdir lock's form: one link in the locks directory whose text is the holder record
+
+
+def test_a_mkdir_lock_is_one_link_holding_its_record_and_nothing_is_made_inside(tmp_path) -> None:
+    base = tmp_path / "key"
+    with FileLock(base, mode="mkdir", timeout=1) as lock:
+        assert lock.path.is_symlink() and not lock.path.exists()  # its text names no file
+        holder = LockHolder.parse(os.readlink(lock.path))
+        assert holder is not None and holder.pid == os.getpid() and holder.host == HOSTNAME
+        first = holder.time
+        time.sleep(0.01)
+        assert lock.beat()  # the heartbeat: a new link renamed over the name
+        assert read_holder(lock.path).time > first
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # released: no leftover, no temp link
+
+
+def test_a_member_who_swaps_the_lock_for_a_link_to_a_directory_gets_nothing_written_there(tmp_path) -> None:
+    """The lock name swapped for a link to somebody's directory while held: the holder's next
+    heartbeat and its release find another text and leave the name alone; nothing is made,
+    written or changed in the target."""
+    victim = tmp_path / "victims-home"
+    victim.mkdir(mode=0o700)
+    base = tmp_path / "locks" / "key"
+    lock = FileLock(base, mode="mkdir", timeout=1).acquire()
+    os.rename(lock.path, tmp_path / "aside")
+    lock.path.symlink_to(victim)
+    assert lock.beat() is False
+    lock.release()
+    assert list(victim.iterdir()) == [] and (victim.stat().st_mode & 0o777) == 0o700
+    assert os.readlink(lock.path) == str(victim)  # not ours: left in place
+
+
+def test_a_members_link_at_a_lock_name_goes_stale_and_is_removed_as_a_link(tmp_path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    lock_path = tmp_path / "key.lockdir"
+    lock_path.symlink_to(target)
+    assert not is_stale(lock_path, stale_after=30)  # new: could be a record being judged
+    past = time.time() - 60
+    os.utime(lock_path, (past, past), follow_symlinks=False)
+    assert is_stale(lock_path, stale_after=30)
+    with FileLock(tmp_path / "key", mode="mkdir", timeout=2, stale_after=30) as lock:
+        assert read_holder(lock.path).pid == os.getpid()
+    assert (target / "keep").read_text() == "x"  # the link was removed, never followed
+
+
+def test_a_filesystem_without_links_gets_the_directory_form(tmp_path, monkeypatch) -> None:
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "symlink", no_links)
+    with FileLock(tmp_path / "key", mode="mkdir", timeout=1) as lock:
+        assert lock.path.is_dir() and not lock.path.is_symlink()
+        assert read_holder(lock.path).pid == os.getpid()
+        assert lock.beat()
+    assert not os.path.lexists(tmp_path / "key.lockdir")
+
+
+def test_a_link_lock_and_an_older_releases_directory_lock_exclude_each_other(tmp_path) -> None:
+    """A job of a release before 2026-12-07 holds its lock as a directory with an owner file:
+    the link form waits for it (and breaks it only when stale), and it waits for ours."""
+    base = tmp_path / "key"
+    _plant_lockdir(base.with_name("key.lockdir"), f"{HOSTNAME}:{os.getpid()}:{time.time():.3f}:{LOCAL_NAMESPACE}")
+    with pytest.raises(LockTimeoutError):
+        FileLock(base, mode="mkdir", timeout=0.2).acquire()
+    os.unlink(base.with_name("key.lockdir") / "owner")
+    os.rmdir(base.with_name("key.lockdir"))
+    with FileLock(base, mode="mkdir", timeout=1):
+        with pytest.raises(FileExistsError):  # an older release's take: mkdir of the name
+            os.mkdir(base.with_name("key.lockdir"))

@@ -143,12 +143,25 @@ def _victim_holds_then_releases(store: str, ready: str, planted: str) -> float:
 
 
 def _attacker_plants_fifo(store: str) -> None:
-    lockdir = Layout(Path(store)).lock_base(KEY).with_name(f"{KEY}.lockdir")
-    os.unlink(lockdir / "owner")
-    os.mkfifo(lockdir / "owner", 0o666)
+    """As the attacker: the victim's held lock (a link) is renamed away and a FIFO put at its
+    name; and an older release's lock directory with a FIFO as its owner record."""
+    locks = Layout(Path(store)).locks_dir
+    os.rename(locks / f"{KEY}.lockdir", locks / ".evil-aside")
+    os.mkfifo(locks / f"{KEY}.lockdir", 0o666)
+    old = locks / "old.lockdir"
+    old.mkdir(mode=0o777)
+    os.mkfifo(old / "owner", 0o666)
 
 
-def test_a_fifo_planted_as_the_owner_record_never_hangs_the_release(users: Users) -> None:
+def _victim_judges_old_lock(store: str) -> tuple[bool, float]:
+    from compile_cache.locks import is_stale
+
+    started = time.monotonic()
+    stale = is_stale(Layout(Path(store)).locks_dir / "old.lockdir", stale_after=60)
+    return stale, time.monotonic() - started
+
+
+def test_a_fifo_planted_as_a_lock_or_its_record_never_hangs_the_victim(users: Users) -> None:
     store = _group_store(users, "fifo-store")
     signals = owned_dir(users.scratch / "fifo-signals", users.a, 0o755)
     ready, planted = signals / "ready", signals / "planted"
@@ -163,7 +176,10 @@ def test_a_fifo_planted_as_the_owner_record_never_hangs_the_release(users: Users
     finally:
         victim.kill()
     assert seconds < 15
-    assert not (Layout(store).locks_dir / f"{KEY}.lockdir").exists()  # released all the same
+    fifo = Layout(store).locks_dir / f"{KEY}.lockdir"
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # not ours: left alone, never opened
+    stale, judged_in = as_user(users.a, _victim_judges_old_lock, str(store), timeout=30)
+    assert judged_in < 5 and not stale  # a record that cannot be read: judged by its age
 
 
 # ---------------------------------------------------------------------------------------------

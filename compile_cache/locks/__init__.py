@@ -14,9 +14,10 @@ logging, the threading guard):
 ``flock``  (:mod:`.fcntl_lock`) BSD ``flock`` on ``<base>.lock``: fine locally, but on NFS it
            can be emulated or local to one client (Lustre ``localflock``), so it is never chosen
            automatically.
-``mkdir``  (:mod:`.mkdir_lock`) ``mkdir <base>.lockdir`` is atomic on every filesystem,
-           including NFS and Lustre. The holder writes ``host:pid:time:namespace`` into
-           ``<base>.lockdir/owner``; waiters break the lock when its heartbeat is older than
+``mkdir``  (:mod:`.mkdir_lock`) the atomic creation of the name ``<base>.lockdir``, on every
+           filesystem including NFS, Lustre and FUSE mounts: a symbolic link whose text is
+           the holder record ``host:pid:time:namespace`` (never followed; nothing is written
+           inside a lock). Waiters break the lock when its heartbeat is older than
            ``stale_after`` seconds, or when the holder's pid is dead in this pid namespace
            (:mod:`.scan`, also used by ``verify``).
 ``none``   no locking at all.

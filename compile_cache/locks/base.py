@@ -36,7 +36,7 @@ from .. import config
 from .._paths import HOSTNAME
 from ..errors import LockTimeoutError
 from .observe import CLOCK_SKEW, unchanged_for
-from .ondisk import DirOpener, path_directory, read_record
+from .ondisk import DirOpener, path_directory, read_link, read_record
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
@@ -175,13 +175,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def read_holder_at(dfd: int, name: str) -> LockHolder | None:
-    """The holder recorded in the lock file or lock directory ``name`` of the directory open
-    at ``dfd``; None if absent, unreadable, or not a regular file (never blocks, never follows
-    a link)."""
+    """The holder recorded in the lock ``name`` of the directory open at ``dfd`` (a ``mkdir``
+    lock's link text, the ``owner`` file of an older release's lock directory, or a lock file);
+    None if absent, unreadable or garbage (never blocks, never follows a link)."""
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
+    if stat.S_ISLNK(st.st_mode):  # a mkdir lock: the link's text is the record
+        text = read_link(dfd, name)
+        return None if text is None else LockHolder.parse(text)
     raw = read_record(dfd, name, OWNER_FILE if stat.S_ISDIR(st.st_mode) else None)
     return None if raw is None else LockHolder.parse(raw.decode("utf-8", errors="replace"))
 

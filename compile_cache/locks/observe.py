@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 
-from .ondisk import RECORD_LIMIT, open_lockdir, open_record
+from .ondisk import RECORD_LIMIT, open_lockdir, open_record, read_link
 
 __all__ = ["CLOCK_SKEW", "unchanged_for"]
 
@@ -29,14 +29,16 @@ OWNER = "owner"
 
 
 def _state(dfd: int, name: str) -> object:
-    """The lock ``name``'s inode, mtime and size, and its record's (a lock directory's owner
-    file, or the lock file itself) with the record's first bytes: what changes when a holder
+    """The lock ``name``'s inode, mtime and size, and its record's (a lock link's text, an older
+    release's lock directory's owner file, or the lock file itself) with the record's first bytes: what changes when a holder
     beats. Non-blocking, no link followed."""
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
     own = (st.st_ino, st.st_mtime_ns, st.st_size)
+    if stat.S_ISLNK(st.st_mode):  # a mkdir lock: its text is the record
+        return (own, read_link(dfd, name))
     if stat.S_ISDIR(st.st_mode):
         where = open_lockdir(dfd, name)
         if where is None:

@@ -29,6 +29,7 @@ __all__ = [
     "open_record",
     "own_file",
     "path_directory",
+    "read_link",
     "read_record",
 ]
 
@@ -106,6 +107,17 @@ def open_record(dfd: int, name: str) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+def read_link(dfd: int, name: str) -> str | None:
+    """The text of the symbolic link ``name`` in ``dfd`` (a ``mkdir`` lock's holder record), at
+    most :data:`RECORD_LIMIT` characters; None when ``name`` is not a link. ``readlink`` never
+    follows the link and never blocks."""
+    try:
+        text = os.readlink(name, dir_fd=dfd)
+    except (OSError, ValueError):
+        return None
+    return text[:RECORD_LIMIT] if isinstance(text, str) else None
 
 
 def read_record(dfd: int, name: str, inner: str | None = None) -> bytes | None:

@@ -23,7 +23,7 @@ from .base import (
     read_holder_at,
 )
 from .observe import CLOCK_SKEW, unchanged_for
-from .ondisk import CLOEXEC, open_lockdir, open_record
+from .ondisk import CLOEXEC, open_lockdir, open_record, read_link
 
 __all__ = [
     "aside_name",
@@ -41,9 +41,11 @@ __all__ = [
 
 logger = logging.getLogger("compile_cache")
 
-#: Infixes of the names a lock directory is renamed to when it is broken or released.
+#: Infixes of the names a lock is renamed to when it is broken or released, and of the temp
+#: name a ``mkdir`` lock's heartbeat makes its new link at.
 STALE_INFIX = ".stale-"
 RELEASE_INFIX = ".release-"
+BEAT_INFIX = ".beat-"
 
 
 def is_lock_name(name: str) -> bool:
@@ -52,8 +54,9 @@ def is_lock_name(name: str) -> bool:
 
 
 def is_lock_leftover(name: str) -> bool:
-    """Whether ``name`` is a broken or released lock directory set aside (removable when old)."""
-    return STALE_INFIX in name or RELEASE_INFIX in name
+    """Whether ``name`` is a broken or released lock set aside, or a heartbeat's temp link
+    (removable when old)."""
+    return STALE_INFIX in name or RELEASE_INFIX in name or BEAT_INFIX in name
 
 
 @contextlib.contextmanager
@@ -84,16 +87,19 @@ def heartbeat_age(lock_dir: str | os.PathLike[str]) -> float | None:
 
 def heartbeat_age_at(dfd: int, name: str) -> float | None:
     """Seconds since the holder of the ``mkdir`` lock ``name`` (in the directory open at
-    ``dfd``) last showed it is alive: the newer of the time recorded in its owner file and that
-    file's mtime (a holder's heartbeat refreshes them), each only if it is not in the future
-    (beyond :data:`CLOCK_SKEW`). None when there is no readable owner file, or when every time
-    it has is in the future."""
+    ``dfd``) last showed it is alive: the newer of the time in its record and the record's
+    mtime (the link's own, or an older release's owner file's; a holder's heartbeat refreshes
+    them), each only if it is not in the future (beyond :data:`CLOCK_SKEW`). None when there is
+    no readable record, or when every time it has is in the future."""
     holder = read_holder_at(dfd, name)
     if holder is None:
         return None
     mtime = holder.time
-    sub = open_lockdir(dfd, name)
-    if sub is not None:
+    own = _lstat(dfd, name)
+    sub = None if own is None or stat.S_ISLNK(own.st_mode) else open_lockdir(dfd, name)
+    if own is not None and stat.S_ISLNK(own.st_mode):
+        mtime = own.st_mtime
+    elif sub is not None:
         try:
             mtime = os.stat(OWNER_FILE, dir_fd=sub, follow_symlinks=False).st_mtime
         except OSError:
@@ -124,13 +130,16 @@ def is_stale_at(
     """Whether the lock left on disk at ``lock_path`` (its name in the directory open at
     ``dfd``: nothing is resolved through a path) is stale.
 
-    For a ``.lockdir`` (mkdir lock) this is the breaking rule: its holder is dead in this pid
+    For a ``.lockdir`` (mkdir lock: a link, or an older release's directory) this is the
+    breaking rule: its holder is dead in this pid
     namespace, or its heartbeat (:func:`heartbeat_age_at`) is older than ``stale_after`` seconds
     (``COMPILE_CACHE_LOCK_STALE``, 120 s). A holder on another host or container cannot be asked
     whether it lives, so a dead one costs its waiters ``stale_after`` seconds, not the lock
-    timeout. For a ``.lock`` file (fcntl/flock) the kernel already released it if the holder
-    died, so it is stale (removable garbage) when nobody holds it now and it has not been
-    touched for ``stale_after`` seconds. A link or anything else is never a stale lock.
+    timeout. A link whose text is no record (a member's) is stale once ``stale_after`` old, and
+    is then removed as a link, never followed. For a ``.lock`` file (fcntl/flock) the kernel
+    already released it if the holder died, so it is stale (removable garbage) when nobody holds
+    it now and it has not been touched for ``stale_after`` seconds. Anything else (a FIFO) is
+    never a stale lock.
 
     A time in the future (a holder whose clock ran ahead) is never trusted: a waiter judges such
     a lock on its own clock, stale once its record has not changed for ``stale_after`` seconds
@@ -142,13 +151,14 @@ def is_stale_at(
     if st is None:
         return False
     limit = stale_after
-    if stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
         holder = read_holder_at(dfd, name)
         if holder is None:
             age = time.time() - st.st_mtime
             if age < -CLOCK_SKEW:  # made "in the future": judged by whether it changes
                 return (-age > limit) if one_look else unchanged_for(dfd, lock_path) > limit
-            # An owner file is written microseconds after mkdir: missing for long means a crash.
+            # A link is made with its record; an older release's directory gets its owner file
+            # microseconds after mkdir: missing for long means a crash, or a member's link.
             return age > limit
         if holder.is_alive() is False:
             return True
@@ -200,9 +210,11 @@ def break_stale_lock_at(
     """Remove the lock at ``lock_path`` (its name in the directory open at ``dfd``) if
     :func:`is_stale_at`; return whether it was removed.
 
-    A lock directory is first renamed to a unique name (atomic: of two breakers only one wins),
-    then its owner is re-read; if the lock changed hands in between, it is renamed back. Every
-    step is relative to ``dfd``; what a link points to is never touched.
+    A lock link (or an older release's lock directory) is first renamed to a unique name
+    (atomic: of two breakers only one wins), then its record is re-read; if the lock changed
+    hands in between, it is put back (a link made anew with the same text: a rename back could
+    replace a lock taken since). Every step is relative to ``dfd``; what a link points to is
+    never touched.
     """
     name = os.path.basename(os.fspath(lock_path))
     if not is_stale_at(dfd, lock_path, stale_after=stale_after, one_look=one_look):
@@ -210,7 +222,7 @@ def break_stale_lock_at(
     st = _lstat(dfd, name)
     if st is None:
         return False
-    if not stat.S_ISDIR(st.st_mode):
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=dfd)
             return True
@@ -223,8 +235,13 @@ def break_stale_lock_at(
         return False  # somebody else broke it first
     now = read_holder_at(dfd, aside)
     if now != seen:  # it was released and re-taken between our check and the rename
+        text = read_link(dfd, aside)
         with contextlib.suppress(OSError):
-            os.rename(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            if text is not None:
+                os.symlink(text, name, dir_fd=dfd)
+                os.unlink(aside, dir_fd=dfd)
+            else:
+                os.rename(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             logger.debug("lock %s changed hands while breaking it; put it back", lock_path)
             return False
     logger.warning("broke stale lock %s held by %s", lock_path, seen or "nobody (no owner file)")

@@ -25,7 +25,7 @@ from .. import config
 from .._paths import check_key
 from .._sizes import parse_size
 from ..errors import StoreError
-from ..locks import BaseLock, lock_mode_for
+from ..locks import BaseLock, filesystem_type, lock_mode_for
 from ._io import check_seconds
 from .checker import PackChecker
 from .counters import Counters
@@ -330,8 +330,16 @@ class Store:
 
     def rename_safety(self) -> tuple[bool | None, str]:
         """Whether the store is safe against another group member's renames on its filesystem,
-        and why (:meth:`~.fs.StoreFS.rename_safety`, probed in its locks directory)."""
-        return self.fs.rename_safety(self.layout.locks_dir)
+        and why (:meth:`~.fs.StoreFS.rename_safety`, probed in its locks directory). On a FUSE
+        mount the answer says what the filesystem leaves open: its server resolves paths, so a
+        member's rename of a store directory between two steps can still redirect a write."""
+        safe, why = self.fs.rename_safety(self.layout.locks_dir)
+        kind = filesystem_type(self.root)
+        if safe and kind.startswith("fuse."):
+            why += (f"; but {kind} resolves paths on its server, so a member who renames one of "
+                    "the store's directories between two steps can redirect a write (share it only "
+                    "with people you would let write to your home; docs/security.md)")
+        return safe, why
 
     def evict_lock_holder(self) -> str | None:
         """Who holds the lock of the size cap's eviction now (``host:pid``, its heartbeat's

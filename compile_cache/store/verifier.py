@@ -181,12 +181,12 @@ class _Scan:
                         self.report.orphaned_temp.append(path)
                         self.remove_later(path)
                 elif is_lock_name(name) and _odd_lock(self.fs, path):
-                    self.report.orphaned_temp.append(path)  # a link or a FIFO: no lock of ours, never followed
+                    self.report.orphaned_temp.append(path)  # a FIFO: no lock of ours, never opened
                     self.remove_later(path)
                 elif is_lock_name(name):
                     # A lockdir is stale by its holder's heartbeat; an unheld lock file is only
                     # garbage, kept as long as a temp file (copying a store must not flag its locks).
-                    age = (self.lock_stale_after if self.fs.is_dir(path)
+                    age = (self.lock_stale_after if path.name.endswith(".lockdir")
                            else max(self.lock_stale_after, self.temp_age))
                     with self.fs.directory(locks_dir) as dfd:
                         stale = is_stale_at(dfd, path, stale_after=age, one_look=True)
@@ -248,9 +248,13 @@ def _remove_path(fs: Any, path: Path) -> None:
 
 
 def _odd_lock(fs: Any, path: Path) -> bool:
-    """Whether the lock name ``path`` holds something no lock of ours is (a link, a FIFO)."""
+    """Whether the lock name ``path`` holds something no lock of ours is (a FIFO, a device; a
+    ``.lock`` that is not a regular file). A ``.lockdir`` is a link (or an older release's
+    directory): its text is judged as a record, and a member's link is stale when old."""
     try:
         mode = fs.lstat(path).st_mode
     except OSError:
         return False
-    return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode))
+    if path.name.endswith(".lockdir"):
+        return not (stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+    return not stat.S_ISREG(mode)
