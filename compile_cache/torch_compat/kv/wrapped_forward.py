@@ -147,15 +147,35 @@ def _probe() -> str | None:
     return None
 
 
+def _names(decorator_args: tuple) -> tuple[str, ...]:
+    """The names under which kernels keeps an instance's private kernel functions."""
+    names = []
+    for fn in decorator_args:
+        name = getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
+        assert name is not None
+        names.append(name)
+    return tuple(names)
+
+
 def _stand_in(wrapper: Any) -> Callable[..., Any]:
     orig_forward, var, decorator_args = _parts(wrapper)  # type: ignore[misc]
     scope = kv_cache.SCOPE
+    names = _names(decorator_args)
 
     @functools.wraps(wrapper)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if not (scope.active and torch.compiler.is_compiling()):
+        if not torch.compiler.is_compiling():
+            return wrapper(self, *args, **kwargs)
+        funcs = self._kernel_funcs
+        if not any("forward" in funcs[name].__dict__ for name in names):
+            # No private kernel function kernelized (kernelize sets an instance's forward):
+            # each of them, traced, calls the function it wraps whatever the dispatch map
+            # holds, so the class's own forward is the same code without reading the map,
+            # whose ids and locally defined classes no saved entry can carry (the module doc)
+            return orig_forward(self, *args, **kwargs)
+        if not scope.active:
             return wrapper(self, *args, **kwargs)
         # kernels' new_forward without its try/finally (the module doc)
         active_kernel_funcs = dict(var.get() or {})
