@@ -563,13 +563,15 @@ def _local_class(function: Any) -> type:
 
 
 class _LocalTypeGuard:
-    """torch's Guard as ``GuardBuilder.TYPE_MATCH`` leaves it for a locally defined class."""
+    """torch's Guard as ``GuardBuilder.TYPE_MATCH`` leaves it for a locally defined class: marked
+    with the class (torch 2.15) or with True (torch 2.11 to 2.14)."""
 
-    def __init__(self, cls: type) -> None:
-        self._unserializable = cls
+    def __init__(self, mark: type | bool) -> None:
+        self._unserializable = mark
 
 
-def test_a_type_guard_on_a_locally_defined_class_is_a_pin_on_its_class() -> None:
+@pytest.mark.parametrize("marked_with_class", [True, False], ids=["torch2.15", "torch2.14"])
+def test_a_type_guard_on_a_locally_defined_class_is_a_pin_on_its_class(marked_with_class: bool) -> None:
     """torch cannot save a TYPE_MATCH on a class made in a function (pickle finds no class by that
     name). On the block in the region's own frame, or on a module's global, it is dropped and
     the class pinned: ``type(<source>)``, by identity at every call, by description at load."""
@@ -580,7 +582,7 @@ def test_a_type_guard_on_a_locally_defined_class_is_a_pin_on_its_class() -> None
 
     def entry(name: str, *, is_global: bool = False) -> _Entry:
         found = _Entry("TYPE_MATCH", name, cls(), is_global=is_global)
-        found.orig_guard = _LocalTypeGuard(cls)
+        found.orig_guard = _LocalTypeGuard(cls if marked_with_class else True)
         return found
 
     on_block = entry("self._modules['attn']._kernel_funcs['rotary']")

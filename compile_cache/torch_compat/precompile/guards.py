@@ -463,11 +463,14 @@ PINNED_TYPE_OF = "its class recorded by identity (a pin on type(...): a locally 
 
 def local_type(entry: Any) -> type | None:
     """The locally defined class a ``TYPE_MATCH`` guard checks, which torch cannot save
-    (``GuardBuilder.TYPE_MATCH`` marks the guard ``_unserializable``), else None."""
+    (``GuardBuilder.TYPE_MATCH`` marks the guard ``_unserializable``: with the class on torch
+    2.15, with True up to 2.14, where the class is the value's), else None."""
     if entry.guard_type != "TYPE_MATCH":
         return None
     found = getattr(entry.orig_guard, "_unserializable", None)
-    return found if inspect.isclass(found) else None
+    if found is True and entry.has_value:
+        found = type(entry.value)
+    return found if inspect.isclass(found) and found.__qualname__ != found.__name__ else None
 
 
 def _local_type_pinnable(entry: Any, region_frame: bool) -> bool:
