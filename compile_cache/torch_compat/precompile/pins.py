@@ -59,7 +59,7 @@ def describe(value: Any) -> str:
     return f"{module}.{name}"
 
 
-def _local_class_digest(cls: type) -> str:
+def _local_class_digest(cls: type, seen: frozenset[type] = frozenset()) -> str:
     """A class defined in a function (``_create_func_module.<locals>.Func``, one per function
     kernels wraps) has no name of its own: a digest of what it defines (names, the code of its
     functions and what their closures hold, described) and of its bases tells such classes
@@ -80,9 +80,13 @@ def _local_class_digest(cls: type) -> str:
                 held = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            if held is cls:
+            if held is cls or any(held is other for other in seen):  # (mutual closures)
                 continue
-            parts.append(describe(held) if callable(held) else type(held).__qualname__)
+            if inspect.isclass(held) and "<locals>" in held.__qualname__:
+                parts.append(f"{held.__module__}.{held.__qualname__}:"
+                             f"{_local_class_digest(held, seen | {cls})}")
+            else:
+                parts.append(describe(held) if callable(held) else type(held).__qualname__)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
