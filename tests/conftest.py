@@ -153,6 +153,28 @@ def tiny_llama() -> Callable[..., torch.nn.Module]:
 
 
 _MLP_CHILD = Path(__file__).with_name("_mlp_child.py")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _imports_this_tree() -> bool:
+    import importlib.util
+
+    spec = importlib.util.find_spec("compile_cache")
+    origin = getattr(spec, "origin", None)
+    return origin is not None and Path(origin).resolve().parents[1] == REPO
+
+
+def child_pythonpath(*first: str | os.PathLike[str], env: dict[str, str] | None = None) -> str:
+    """A child's PYTHONPATH (``first``, then ``env``'s, default this process's) that has it import
+    the compile_cache this test process imports: this tree where the package is installed in
+    place (``pip install -e``: ``make test``), nothing more where it is an installed copy
+    (``make test-compat`` with ``EDITABLE=``: each venv's copy has an extension built for its own
+    torch; the tree's ``compile_cache/_C``, built for another, must not shadow it)."""
+    paths = [str(p) for p in first]
+    if _imports_this_tree():
+        paths.append(str(REPO))
+    paths.append((os.environ if env is None else env).get("PYTHONPATH", ""))
+    return os.pathsep.join(p for p in paths if p)
 
 
 def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
@@ -169,7 +191,7 @@ def fresh_node_env(node: Path, **extra: str) -> dict[str, str]:
     env.update(
         TMPDIR=str(node / "tmp"), HOME=str(node / "home"), XDG_CACHE_HOME=str(node / "xdg"),
         TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"), TRITON_CACHE_DIR=str(node / "triton"),
-        PYTHONPATH=os.pathsep.join([str(_MLP_CHILD.parents[1]), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=child_pythonpath(env=env),
     )
     env.update(extra)
     return env

@@ -20,9 +20,14 @@ from pathlib import Path
 import pytest
 from conftest import drop_precompiled_headers, run_child
 
+from compile_cache import torch_compat
 from compile_cache.store import Store, generations
 
 pytestmark = pytest.mark.inductor
+
+#: Whether precompile runs on this torch (torch 2.11 lacks the capability: precompile=True stays
+#: off there, and the "precompile" jobs are plain ones: FX-graph entries, Dynamo traces).
+PRECOMPILE = torch_compat.available("dynamo.precompile")
 
 
 def _job(node: Path, store: Path, mode: str, *flags: str) -> dict:
@@ -37,7 +42,8 @@ def nodes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     flags = ("--plain",) if request.param == "plain" else ()
     tmp = tmp_path_factory.mktemp(f"fresh_nodes_{request.param}")
     store, empty = tmp / "store", tmp / "empty-store"
-    out = {"tmp": tmp, "store": store, "empty": empty, "precompile": request.param == "precompile"}
+    out = {"tmp": tmp, "store": store, "empty": empty,
+           "precompile": request.param == "precompile" and PRECOMPILE}  # in effect
     out["cold"] = _job(tmp / "node-a", store, "both", *flags)
     out["fwd"] = _job(tmp / "node-b", store, "fwd", *flags)
     out["train"] = _job(tmp / "node-c", store, "train", *flags)
@@ -199,7 +205,8 @@ def test_a_model_edited_ten_times_restores_one_generation(edited: dict) -> None:
     # The helper is a global the group's precompiled entry pins: the first job's entry names
     # its first version, so every later edit (and this fresh node) declines it and runs the
     # compiled graphs of its own generation instead, never the first edit's traced code.
-    assert fresh["report"]["precompile_hits"] == 0 and fresh["report"]["precompile_declined"] >= 1
+    assert fresh["report"]["precompile_hits"] == 0
+    assert fresh["report"]["precompile_declined"] >= 1 or not PRECOMPILE
     assert fresh["fx_files"] == 1 and fresh["aot_files"] == 1  # one generation on disk
     assert fresh["report"]["restored_packs"] < EDITS
 

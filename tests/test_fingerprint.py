@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import child_pythonpath
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -360,7 +361,7 @@ def test_backend_is_native_when_built():
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONPATH": REPO, **env}
+    environment = {**os.environ, "PYTHONPATH": child_pythonpath(env={}), **env}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environment,
                           capture_output=True, text=True, timeout=120, cwd=REPO)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import child_pythonpath
 from torch import nn
 
 from compile_cache import compile_regions, get_plan, last_report, region_stats, torch_compat
@@ -545,7 +546,7 @@ def _fresh_node_run(root: Path, store: Path, *args: str, machine: Path | None = 
            if not k.startswith(("COMPILE_CACHE_", "TORCHINDUCTOR_", "TRITON_"))}
     env.update(TMPDIR=str(dirs["tmp"]), HOME=str(dirs["home"]), XDG_CACHE_HOME=str(dirs["xdg"]),
                TORCHINDUCTOR_CACHE_DIR=str(dirs["inductor"]), TRITON_CACHE_DIR=str(dirs["triton"]),
-               PYTHONPATH=os.pathsep.join([str(CHILD.parents[1]), env.get("PYTHONPATH", "")]),
+               PYTHONPATH=child_pythonpath(env=env),
                COMPILE_CACHE_PRECOMPILE="1")  # what the store holds: precompiled entries
     done = subprocess.run([sys.executable, str(CHILD), str(store), *args], env=env, capture_output=True,
                           text=True, timeout=900, check=False)

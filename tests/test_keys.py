@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import child_pythonpath
 
 import compile_cache
 from compile_cache import keys as envmod
@@ -53,7 +54,7 @@ def test_cheap_once_torch_configs_loaded() -> None:
 
 def _digest_in_subprocess(seed: str, cwd: Path) -> str:
     env = dict(os.environ, PYTHONHASHSEED=seed)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = child_pythonpath(env=env)
     out = subprocess.run(
         [
             sys.executable,
@@ -223,7 +224,7 @@ def _digests_in_subprocess(threads: str) -> dict[str, str]:
             "    out[device] = keys.entry_key(m, plan_regions(m), {}, False)\n"
             "print(json.dumps(out))")
     env = dict(os.environ, OMP_NUM_THREADS=threads)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = child_pythonpath(env=env)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

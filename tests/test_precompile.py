@@ -551,6 +551,68 @@ def test_pins_notice_a_rebinding_and_describe_the_same_in_every_process() -> Non
     assert other.stdout.strip() == described["G['__import_functools'].lru_cache"]
 
 
+def _local_class(function: Any) -> type:
+    """A class made in a function, one per function it wraps (kernels' ``_create_func_module``
+    makes its kernel functions' classes so)."""
+
+    class Func(nn.Module):
+        def forward(self, *args: Any) -> Any:
+            return function(*args)
+
+    return Func
+
+
+class _LocalTypeGuard:
+    """torch's Guard as ``GuardBuilder.TYPE_MATCH`` leaves it for a locally defined class: marked
+    with the class (torch 2.15) or with True (torch 2.11 to 2.14)."""
+
+    def __init__(self, mark: type | bool) -> None:
+        self._unserializable = mark
+
+
+@pytest.mark.parametrize("marked_with_class", [True, False], ids=["torch2.15", "torch2.14"])
+def test_a_type_guard_on_a_locally_defined_class_is_a_pin_on_its_class(marked_with_class: bool) -> None:
+    """torch cannot save a TYPE_MATCH on a class made in a function (pickle finds no class by that
+    name). On the block in the region's own frame, or on a module's global, it is dropped and
+    the class pinned: ``type(<source>)``, by identity at every call, by description at load."""
+    from compile_cache.torch_compat.precompile import guards
+    from compile_cache.torch_compat.precompile import pins as precompile_pins
+
+    cls = _local_class(torch.tanh)
+
+    def entry(name: str, *, is_global: bool = False) -> _Entry:
+        found = _Entry("TYPE_MATCH", name, cls(), is_global=is_global)
+        found.orig_guard = _LocalTypeGuard(cls if marked_with_class else True)
+        return found
+
+    on_block = entry("self._modules['attn']._kernel_funcs['rotary']")
+    decision = classify_guard(on_block, region_frame=True)
+    assert decision.action == DROP
+    source = "type(self._modules['attn']._kernel_funcs['rotary'])"
+    assert guards.pin_of(on_block, decision) == (source, cls)
+    glob = entry("G['__import_my_models'].apply_rotary", is_global=True)
+    assert classify_guard(glob).action == DROP
+    assert guards.pin_of(glob, classify_guard(glob)) == ("type(G['__import_my_models'].apply_rotary)", cls)
+    # where nothing checks it at each call: declined, as before
+    assert classify_guard(on_block).action == DECLINE  # a frame traced apart
+    assert classify_guard(entry("kwargs['helper']"), region_frame=True).action == DECLINE
+    assert classify_guard(entry("G['helper']", is_global=True)).action == DECLINE
+
+    # in process: the pin notices another class on the block...
+    attn = types.SimpleNamespace(_kernel_funcs={"rotary": cls()})
+    block = types.SimpleNamespace(_modules={"attn": attn})
+    pinned = precompile_pins.Pins({})
+    pinned.add({source: cls})
+    assert pinned.changed(block) is None
+    attn._kernel_funcs["rotary"] = _local_class(torch.sigmoid)()
+    assert "not the" in pinned.changed(block)
+    # ...and across processes the description tells such classes apart by what they wrap
+    described = precompile_pins.describe(cls)
+    assert described == precompile_pins.describe(_local_class(torch.tanh))
+    assert described != precompile_pins.describe(_local_class(torch.sigmoid))
+    assert "<locals>.Func:" in described and " at 0x" not in described
+
+
 def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:
     """A block that takes a KV cache: calls that pass one (generation, positional or keyword)
     go to the plain compile, a decode step through the layer view to the group's precompiled

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import run_records
 
+from compile_cache import torch_compat
 from compile_cache.torch_compat.precompile.values import ValueRecorder, describe_value, graph_digest
 
 CHILD = Path(__file__).with_name("_precompile_values_child.py")
@@ -45,6 +46,26 @@ def _matches_eager(case: dict[str, Any]) -> None:
     assert case["diffs"] and all(d < 1e-5 for d in case["diffs"].values()), case["diffs"]
 
 
+#: Whether this torch can precompile: torch 2.11 lacks the capability (its config overrides are
+#: process-wide; tests/test_torch_compat.py, KNOWN_MISSING), and precompile=True stays off there.
+PRECOMPILE = torch_compat.available("dynamo.precompile")
+
+
+def _precompile_off_here(runs: dict[str, Any], *names: str) -> bool:
+    """Where this torch cannot precompile, what must hold of the cases ``names`` instead: every
+    call matches eager on both nodes, no group precompiled, no Dynamo entry loaded, each traced
+    (True: checked). False where precompile runs (the caller checks what it does)."""
+    if PRECOMPILE:
+        return False
+    for phase in ("publish", "load"):
+        for name in names:
+            case = runs[phase][name]
+            _matches_eager(case)
+            assert all(report["groups"] == {} for report in case["reports"]), case["reports"]
+            assert case["dynamo_cache_hits"] == 0 and case["frames_traced"] >= 1, case
+    return True
+
+
 #: Read through a module (a setting edited or set at run time, a global module's attribute, a
 #: config class's default): the graph's recorded value differs, so it is not installed.
 THROUGH_A_MODULE = ["global_edited", "global_runtime", "global_numbers", "shared_module",
@@ -59,6 +80,8 @@ CLASS_CHANGED = ["class_attr_edited", "class_attr_runtime", "base_class", "overr
 def test_a_changed_value_or_class_never_loads_the_publishers_graph(
     nodes: dict[str, Any], name: str
 ) -> None:
+    if _precompile_off_here(nodes, name):
+        return
     publish, load = nodes["publish"][name], nodes["load"][name]
     _matches_eager(publish)
     assert [g["status"] for g in _groups(publish)] == ["new"] and publish["warnings"] == []
@@ -85,6 +108,8 @@ def test_an_entry_with_two_graphs_installs_only_the_one_traced_for_the_live_valu
 ) -> None:
     """The publisher traced MODE='tanh' then MODE='sigmoid' into one entry; the fresh node starts
     with 'sigmoid': the 'tanh' graph would match first if torch rebuilt both guards."""
+    if _precompile_off_here(nodes, "two_graphs"):
+        return
     publish, load = nodes["publish"]["two_graphs"], nodes["load"]["two_graphs"]
     _matches_eager(publish)
     assert set(publish["diffs"]) == {"first", "second"} and publish["frames_traced"] == 2
@@ -101,6 +126,8 @@ def test_a_block_called_directly_after_a_monkeypatch_runs_the_new_code(
     nodes: dict[str, Any], phase: str
 ) -> None:
     """The pins are checked at every region call, not once per model forward."""
+    if _precompile_off_here(nodes, "direct_call_after_patch"):
+        return
     case = nodes[phase]["direct_call_after_patch"]
     _matches_eager(case)
     assert set(case["diffs"]) == {"model", "block_direct", "model_after"}
@@ -112,6 +139,8 @@ def test_a_block_called_directly_after_a_monkeypatch_runs_the_new_code(
 def _published_then_loaded(nodes: dict[str, Any], name: str) -> None:
     """Case ``name``: eager-equal on both nodes without a warning, its one group new on the
     publisher and loaded on the fresh node, which traces nothing."""
+    if _precompile_off_here(nodes, name):
+        return
     publish, load = nodes["publish"][name], nodes["load"][name]
     for case in (publish, load):
         _matches_eager(case)
@@ -133,6 +162,8 @@ def test_an_object_stored_on_the_block_is_recorded_by_identity(
     """The publisher's block stores gelu (or a function), the fresh node's relu (or the same
     function name with other code), with the same structure: the publisher's graph never runs
     there. Before issue 35 such blocks declined precompile on every node."""
+    if _precompile_off_here(nodes, name):
+        return
     publish, load = nodes["publish"][name], nodes["load"][name]
     _matches_eager(publish)
     assert [g["status"] for g in _groups(publish)] == ["new"] and publish["warnings"] == []
@@ -198,6 +229,8 @@ def test_kv_cache_calls_traced_into_the_graph_prove_their_values_on_a_fresh_node
     two graphs: T5's decoder self-attention) precompiles its cache calls (issue 35); the fresh
     node set a module-level setting the graphs read to another value, so neither the prefill's
     nor the decode step's graph of the publisher may run there."""
+    if _precompile_off_here(nodes, "kv_cache_global"):
+        return
     publish, load = nodes["publish"]["kv_cache_global"], nodes["load"]["kv_cache_global"]
     for case in (publish, load):
         _matches_eager(case)
@@ -224,6 +257,8 @@ def test_a_groups_kv_cache_calls_one_entry_per_block_prove_their_values_on_a_fre
     5, 7, then 3 tokens; issue 36). The fresh node set the module-level setting the graphs read
     to another value: none of the publisher's five graphs may run there, not even at a length
     (4) its dynamic entries would serve."""
+    if _precompile_off_here(nodes, "kv_cache_group"):
+        return
     publish, load = nodes["publish"]["kv_cache_group"], nodes["load"]["kv_cache_group"]
     for case, more in ((publish, {"prefill5", "prefill7"}), (load, {"prefill4"})):
         _matches_eager(case)
@@ -336,6 +371,8 @@ def test_two_modules_under_one_name_never_share_a_precompiled_function(
     """One model from each of two files loaded in turn under one name: before, the second
     model raised ``AssertionError: expected alias not in f_globals`` from Dynamo's import_source
     on the fresh node; it runs eagerly now (Dynamo would read the first module's globals)."""
+    if _precompile_off_here(attack_nodes, "twin_modules"):
+        return
     for phase in ("publish", "load"):
         case = attack_nodes[phase]["twin_modules"]
         _matches_eager(case)
@@ -349,6 +386,8 @@ def test_a_numpy_class_attribute_whose_entry_cannot_load_traces_again(
     """``scale = np.float32(2.0)`` on the class: the fresh node's load fails in torch
     (``_dispatch_keys()`` on the tensor guard tree); before, the trace that followed raised
     ``Name '__builtins_dict___0' already exists in scope``: the failed load left its globals."""
+    if _precompile_off_here(attack_nodes, "numpy_scale"):
+        return
     _matches_eager(attack_nodes["publish"]["numpy_scale"])
     load = attack_nodes["load"]["numpy_scale"]
     _matches_eager(load)
@@ -370,6 +409,8 @@ def test_an_absent_value_or_a_shadowed_builtin_on_the_fresh_node_never_loads_the
     """Traced with a name absent (``getattr(settings, "EXTRA", 0.0)``; ``os.environ.get`` of a
     variable set only on the fresh node; ``max`` with no module global ``max``): the fresh node
     has it. Before: the publisher's graph loaded there, 3 to 6.5 away from eager."""
+    if _precompile_off_here(attack_nodes, name):
+        return
     _matches_eager(attack_nodes["publish"][name])
     load = attack_nodes["load"][name]
     _matches_eager(load)
@@ -383,6 +424,8 @@ def test_a_property_swapped_after_compiling_is_seen_in_the_same_process(
     """``Block.scale = property(lambda s: 5.0)`` after the first call, in one process (the
     publisher's; and again on the fresh node): before, the next call used the old value (25.8
     away from eager), as the filter's drop of the getter's guard applied to the live entry."""
+    if _precompile_off_here(attack_nodes, "property_swap"):
+        return
     for phase in ("publish", "load"):
         case = attack_nodes[phase]["property_swap"]
         _matches_eager(case)

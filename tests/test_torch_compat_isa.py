@@ -69,6 +69,43 @@ def test_torch_2_11_form_hooks_check_build(
     assert isa_probe.counts() == {"answered": 1, "asked_torch": 1}
 
 
+def test_torch_2_14_form_observes_a_library_answered_from_its_load_ok_marker(
+    monkeypatch: pytest.MonkeyPatch, fresh_hook: None, tmp_path: Path
+) -> None:
+    """torch >= 2.14: check_build answers from ``<library>.load_ok`` without calling _probe_load
+    (a machine that probed before): the library is observed all the same, so a warm publisher's
+    pack carries it and a fresh node does not build, probe and publish it again."""
+    library = tmp_path / "isa.so"
+    library.write_bytes(b"\x7fELF")
+    loads: list[str] = []
+
+    def torch_probe_load(self: Any, output_path: str) -> bool:
+        loads.append(output_path)
+        return True
+
+    def torch_check_build(self: Any, code: str) -> bool:  # torch 2.14's shape, build done
+        marker = str(library) + ".load_ok"
+        if os.path.isfile(marker):
+            return True
+        ok = self._probe_load(str(library))
+        if ok:
+            Path(marker).write_text("")
+        return ok
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", torch_probe_load, raising=False)
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", torch_check_build)
+    monkeypatch.setattr(isa_probe, "library_path", lambda isa, code: ("k", None, str(library)))
+    assert isa_probe.watch()
+    isa = cpu_vec_isa.VecAVX2()
+    assert isa.check_build("code") is True  # a new machine: torch's probe, through the hook
+    assert loads == [str(library)]
+    isa_probe._reset()  # a later process on the same machine
+    assert isa.check_build("code") is True
+    assert loads == [str(library)]  # the marker answered: no probe
+    assert isa_probe.observed() == {os.path.realpath(library): True}
+    assert isa_probe.counts() == {"answered": 0, "asked_torch": 0}
+
+
 def test_torch_2_11_load_check_runs_torchs_child_process(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,11 +177,19 @@ def test_llama_blocks_with_kernels_wrapper_share_one_graph_per_group_with_a_kv_c
     assert fingerprint(model) == key_before
 
 
+def _kernelize(attention: torch.nn.Module) -> None:
+    """What kernels' ``kernelize`` does to an instance's private kernel functions: each gets a
+    forward of its own (here the same code, bound: the outputs stay eager's)."""
+    for function in attention._kernel_funcs.values():
+        function.forward = types.MethodType(type(function).forward, function)
+
+
+@pytest.mark.parametrize("kernelized", [False, True])
 def test_an_exception_in_a_region_call_puts_kernels_context_back(
-        counting_backend: Any, tiny_llama: Any, kernels_layer: Any) -> None:
+        counting_backend: Any, tiny_llama: Any, kernels_layer: Any, kernelized: bool) -> None:
     """Without the wrapper's finally, a cache update that raises (between two graphs, after the
-    traced code set the dispatch map) would leave the map set for every later call outside a
-    layer: the region runner puts it back."""
+    traced code set the dispatch map: kernelized private kernel functions) would leave the map
+    set for every later call outside a layer: the region runner puts it back."""
     from transformers import DynamicCache
 
     class BrokenCache(DynamicCache):
@@ -188,6 +197,9 @@ def test_an_exception_in_a_region_call_puts_kernels_context_back(
             raise RuntimeError("a cache that fails")
 
     model = _kernelized_llama(tiny_llama, kernels_layer)
+    if kernelized:
+        for block in model.model.layers:
+            _kernelize(block.self_attn)
     compile_regions(model, backend=counting_backend, cache_dir=False)
     x = torch.randint(0, 128, (1, 12))
     var = kernels_layer._ACTIVE_KERNEL_FUNCS
@@ -211,3 +223,38 @@ def test_a_wrapper_of_unknown_source_is_left_alone(tiny_llama: Any, kernels_laye
                         wrapped_forward.KNOWN_SOURCE.replace("finally:", "finally:  # another"))
     assert wrapped_forward.install(model.modules()) == 0
     assert cls.__dict__["forward"] is wrapper
+
+
+@pytest.mark.parametrize("kernelized", [False, True])
+def test_traced_stand_in_reads_the_dispatch_map_only_for_kernelized_functions(
+        tiny_llama: Any, kernels_layer: Any, monkeypatch: pytest.MonkeyPatch,
+        kernelized: bool) -> None:
+    """While traced, an attention whose private kernel functions are not kernelized runs its
+    class's own forward: the dispatch map (keyed by ids, holding kernels' locally defined
+    function classes, which no saved entry can carry) would change nothing, and is never set;
+    kernelized ones set it as kernels' wrapper does. Same outputs either way."""
+    from compile_cache.torch_compat.kv import cache as kv_cache
+
+    model = _kernelized_llama(tiny_llama, kernels_layer).eval()
+    attention = model.model.layers[0].self_attn
+    assert wrapped_forward.install(model.modules()) == 1
+    if kernelized:
+        _kernelize(attention)
+    hidden = torch.randn(1, 5, 64)
+    rotary = model.model.rotary_emb(hidden, torch.arange(5)[None])
+    with torch.no_grad():
+        ref = attention(hidden, position_embeddings=rotary, attention_mask=None)[0]
+    var = kernels_layer._ACTIVE_KERNEL_FUNCS
+    maps: list[Any] = []
+    monkeypatch.setattr(var, "set", lambda value: maps.append(value) or type(var).set(var, value))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # as Dynamo traces it
+    monkeypatch.setattr(kv_cache.SCOPE, "active", True)  # a region's call
+    with torch.no_grad():
+        out = attention(hidden, position_embeddings=rotary, attention_mask=None)[0]
+    torch.testing.assert_close(out, ref)
+    if kernelized:
+        assert len(maps) == 1
+        assert [entry[0] for entry in maps[0].values()] == list(attention._kernel_funcs.values())
+    else:
+        assert maps == []
+    assert var.global_var is None and var.uses_global_var is False

@@ -175,6 +175,7 @@ def _install() -> bool:
     cls = cpu_vec_isa.VecISA
     probe = getattr(cls, "_probe_load", None)
     if probe is not None:
+        _observe_check_build(cls)
         if _is_hook(probe):
             return True
 
@@ -201,6 +202,32 @@ def _install() -> bool:
     _check_build._compile_cache_original = check_build  # type: ignore[attr-defined]
     cls.check_build = _check_build
     return True
+
+
+def _observe_check_build(cls: Any) -> None:
+    """Where the load is a separate step (``_probe_load``), torch >= 2.14's ``check_build`` also
+    leaves a marker beside a library that loaded (``<library>.load_ok``) and, in a later process
+    on the same machine, answers from it without calling ``_probe_load``: the hook would not see
+    the library, and a warm publisher's pack would lack the libraries every fresh node then
+    builds and probes again (and publishes). An observer on ``check_build`` records the library
+    torch used with torch's answer, where the hook did not see it already."""
+    check_build = getattr(cls, "check_build", None)
+    if check_build is None or _is_hook(check_build):
+        return
+
+    def _check_build(self: Any, code: str) -> bool:
+        answer = check_build(self, code)
+        try:
+            path = os.path.realpath(library_path(self, code)[2])
+        except Exception:  # noqa: BLE001 - another torch: its own probe, unobserved
+            return answer
+        if isinstance(answer, bool) and os.path.isfile(path):
+            with _lock:
+                _observed.setdefault(path, answer)
+        return answer
+
+    _check_build._compile_cache_original = check_build  # type: ignore[attr-defined]
+    cls.check_build = _check_build
 
 
 def library_path(isa: Any, code: str) -> tuple[str, Any, str]:

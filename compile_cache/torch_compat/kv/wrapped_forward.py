@@ -12,12 +12,24 @@ attention's frame on its own, once per block (it reads ``self.layer_idx``), and 
 cannot precompile.
 
 :func:`install` gives each class of a block's tree whose ``forward`` is that wrapper a forward
-that, only while a region is traced with the eager update (:data:`.cache.SCOPE` active and
-``torch.compiler.is_compiling()``; Dynamo guards on the flag), does what ``new_forward`` does
-without the ``try``: the same dispatch map from the instance's private wrappers, set, the
-class's own forward called, reset. Every other call (eager, your own ``torch.compile``, the
-traced update) runs kernels' ``new_forward`` itself. The kernel functions read the same map
-either way, so the same kernels run. An exception inside the traced call skips the reset:
+that, while traced (``torch.compiler.is_compiling()``):
+
+* where none of the instance's private kernel functions is kernelized (``kernelize`` gives each
+  a ``forward`` of its own), calls the class's own forward directly. Traced, a kernel function
+  then calls the function it wraps whatever the dispatch map holds, so the map changes nothing;
+  and it cannot be saved with a precompiled entry: it is keyed by ``id()`` of kernels' function
+  objects, and those are instances of classes kernels defines in a function
+  (``_create_func_module.<locals>.Func``), which torch rebuilds as plain modules when it loads
+  an entry's guards. The stand-in reads only ``"forward" in <function>.__dict__``; the type
+  guards on kernels' function objects become pins on their classes
+  (:mod:`..precompile.guards`);
+* where one is kernelized, inside a region traced with the eager update (:data:`.cache.SCOPE`
+  active; Dynamo guards on the flag), does what ``new_forward`` does without the ``try``: the
+  same dispatch map from the instance's private wrappers, set, the class's own forward called,
+  reset. Elsewhere (your own ``torch.compile``, the traced update) kernels' ``new_forward``.
+
+Every call not traced runs kernels' ``new_forward`` itself. The kernel functions read the same
+map either way, so the same kernels run. An exception inside the traced call skips the reset:
 :func:`.cache.run_in_region` puts the context variables back then (:func:`saved` /
 :func:`restore`).
 
@@ -147,15 +159,35 @@ def _probe() -> str | None:
     return None
 
 
+def _names(decorator_args: tuple) -> tuple[str, ...]:
+    """The names under which kernels keeps an instance's private kernel functions."""
+    names = []
+    for fn in decorator_args:
+        name = getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
+        assert name is not None
+        names.append(name)
+    return tuple(names)
+
+
 def _stand_in(wrapper: Any) -> Callable[..., Any]:
     orig_forward, var, decorator_args = _parts(wrapper)  # type: ignore[misc]
     scope = kv_cache.SCOPE
+    names = _names(decorator_args)
 
     @functools.wraps(wrapper)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if not (scope.active and torch.compiler.is_compiling()):
+        if not torch.compiler.is_compiling():
+            return wrapper(self, *args, **kwargs)
+        funcs = self._kernel_funcs
+        if not any("forward" in funcs[name].__dict__ for name in names):
+            # No private kernel function kernelized (kernelize sets an instance's forward):
+            # each of them, traced, calls the function it wraps whatever the dispatch map
+            # holds, so the class's own forward is the same code without reading the map,
+            # whose ids and locally defined classes no saved entry can carry (the module doc)
+            return orig_forward(self, *args, **kwargs)
+        if not scope.active:
             return wrapper(self, *args, **kwargs)
         # kernels' new_forward without its try/finally (the module doc)
         active_kernel_funcs = dict(var.get() or {})

@@ -34,8 +34,12 @@ optional-argument guard.
   every call in process, against the publisher's before an entry loads. A source on the block
   (``self...``) is a pin only in the frame of the region's own call (:func:`compiling_code`), where
   ``self`` is the block;
+* **drop and pin its class** a type guard on an object stored on the block whose class is
+  defined in a function (kernels' private kernel functions): torch cannot save it, and the pin
+  ``type(<source>)`` checks the same class by identity at every call, by description (module,
+  qualified name, the code it defines) before an entry loads;
 * **decline** anything else (a value reached from another frame's locals, a locally defined
-  class, an object that has no portable description, ...): the filter raises
+  class reached elsewhere, an object that has no portable description, ...): the filter raises
   :class:`~compile_cache.errors.PrecompileDeclined` and the region compiles without precompile.
   Keeping such a guard is no option: torch 2.13 then fails the compile
   (``check_fn.guards_state must not be None``, ``torch/_dynamo/convert_frame.py``).
@@ -68,6 +72,7 @@ __all__ = [
     "GUARD_TREATMENTS",
     "KEEP",
     "PINNED_TYPE",
+    "PINNED_TYPE_OF",
     "RECORDED",
     "GuardDecision",
     "GuardReport",
@@ -76,7 +81,9 @@ __all__ = [
     "environ_differs",
     "environ_reads",
     "guard_builder_types",
+    "local_type",
     "make_guard_filter",
+    "pin_of",
     "treatment",
     "unsupported_guard_types",
 ]
@@ -113,7 +120,8 @@ GUARD_TREATMENTS: dict[str, tuple[str, str]] = {
     "BOOL_MATCH": (RECORDED, "the bool"),
     "NONE_MATCH": (RECORDED, "None or not"),
     "NOT_NONE_MATCH": (RECORDED, "None or not"),
-    "TYPE_MATCH": (RECORDED, "the class by qualified name (lineage in the entry name)"),
+    "TYPE_MATCH": (RECORDED, "the class by qualified name (lineage in the entry name); a "
+                             "locally defined class on the block: its class pinned"),
     "HASATTR": (RECORDED, "presence or absence of the attribute"),
     "NOT_PRESENT_IN_GENERIC_DICT": (RECORDED, "the attribute's absence: held by the guard"),
     "SEQUENCE_LENGTH": (RECORDED, "the length"),
@@ -340,6 +348,13 @@ def classify_guard(entry: Any, unsupported: frozenset[str] | None = None, *,
 
     unsupported = unsupported_guard_types() if unsupported is None else unsupported
     gtype = entry.guard_type
+    if local_type(entry) is not None and _local_type_pinnable(entry, region_frame):
+        # An object stored on the block, or a module global, whose class is defined in a
+        # function (kernels' kernel functions, ``_create_func_module.<locals>.Func``): torch
+        # cannot save the type guard (pickle finds no class by that name), so it is dropped and
+        # its class pinned (``type(<source>)``): checked by identity at every call, as the guard
+        # did, and by module, qualified name and code before an entry loads (.pins.describe).
+        return GuardDecision(DROP, PINNED_TYPE_OF)
     listed = _by_the_allow_list(entry, unsupported)
     if listed is not None:
         return listed
@@ -422,6 +437,8 @@ def _by_the_allow_list(entry: Any, unsupported: frozenset[str]) -> GuardDecision
     if treatment(gtype) == DECLINED:
         return GuardDecision(DECLINE, f"{gtype} on {entry.name}: {GUARD_TREATMENTS[gtype][1]}")
     if gtype in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry.orig_guard, "_unserializable", False):
+        # (a TYPE_MATCH on the block in the region's own frame became a pin on the class
+        # before: classify_guard, _local_type_pin)
         return GuardDecision(DECLINE, f"{gtype} on a locally defined class ({entry.name})")
     if treatment(gtype) != RECORDED:
         return None
@@ -439,6 +456,39 @@ def _by_the_allow_list(entry: Any, unsupported: frozenset[str]) -> GuardDecision
 
 #: The reason of a dropped identity guard that becomes a pin (:mod:`.pins`).
 PINNED = "recorded by identity (a pin: checked at each call and before an entry loads)"
+#: The reason of a dropped type guard on a locally defined class whose class becomes a pin
+#: (source ``type(<guard's source>)``; :func:`local_type`).
+PINNED_TYPE_OF = "its class recorded by identity (a pin on type(...): a locally defined class)"
+
+
+def local_type(entry: Any) -> type | None:
+    """The locally defined class a ``TYPE_MATCH`` guard checks, which torch cannot save
+    (``GuardBuilder.TYPE_MATCH`` marks the guard ``_unserializable``: with the class on torch
+    2.15, with True up to 2.14, where the class is the value's), else None."""
+    if entry.guard_type != "TYPE_MATCH":
+        return None
+    found = getattr(entry.orig_guard, "_unserializable", None)
+    if found is True and entry.has_value:
+        found = type(entry.value)
+    return found if inspect.isclass(found) and found.__qualname__ != found.__name__ else None
+
+
+def _local_type_pinnable(entry: Any, region_frame: bool) -> bool:
+    """Whether the class of a type guard on a locally defined class can be pinned: the source
+    is on the block in the region's own frame (not the call's arguments), or a global of a
+    module reached by its name (``G['__import_<module>'].name``, in any frame)."""
+    if entry.is_global:
+        return entry.name.startswith("G['__import_") or region_frame
+    return region_frame and pins_on_block(entry.name) and not pins_on_call(entry.name)
+
+
+def pin_of(entry: Any, decision: GuardDecision) -> tuple[str, Any] | None:
+    """(source, object) of the pin a dropped guard becomes, None for a drop the key covers."""
+    if decision.reason == PINNED_TYPE_OF:
+        return f"type({entry.name})", local_type(entry)
+    if _pinnable(entry, decision):
+        return entry.name, entry.value
+    return None
 
 
 def _pinnable(entry: Any, decision: GuardDecision) -> bool:
@@ -614,7 +664,7 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                 report.graph_break = True
             for entry in entries:
                 decision = classify_guard(entry, unsupported, region_frame=region_frame)
-                if not pin_block and decision.reason == PINNED:
+                if not pin_block and decision.reason in (PINNED, PINNED_TYPE_OF):
                     why = _whole_part_pin_decline(entry, region_frame)
                     if why is not None:
                         decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: "
@@ -625,8 +675,9 @@ def make_guard_filter(report: GuardReport, region_code: types.CodeType | None = 
                     if why is not None:
                         decision = GuardDecision(DECLINE, f"{entry.guard_type} on {entry.name}: {why}")
                 if decision.action == DROP:
-                    if _pinnable(entry, decision):
-                        report.pins.setdefault(entry.name, entry.value)
+                    pin = pin_of(entry, decision)
+                    if pin is not None:
+                        report.pins.setdefault(*pin)
                     report.dropped += 1
                     kinds = report.dropped_kinds
                     kinds[entry.guard_type] = kinds.get(entry.guard_type, 0) + 1

@@ -54,7 +54,40 @@ def describe(value: Any) -> str:
     code = getattr(value, "__code__", None)
     if isinstance(code, types.CodeType):
         return f"{module}.{name}:{code_digest(code)}"
+    if inspect.isclass(value) and "<locals>" in name:
+        return f"{module}.{name}:{_local_class_digest(value)}"
     return f"{module}.{name}"
+
+
+def _local_class_digest(cls: type, seen: frozenset[type] = frozenset()) -> str:
+    """A class defined in a function (``_create_func_module.<locals>.Func``, one per function
+    kernels wraps) has no name of its own: a digest of what it defines (names, the code of its
+    functions and what their closures hold, described) and of its bases tells such classes
+    apart (another wrapped function closes over another function)."""
+    parts = [describe(base) for base in cls.__bases__]
+    for name, item in sorted(vars(cls).items()):
+        if name.startswith("__") and name not in ("__init__", "__call__"):
+            continue
+        parts.append(name)
+        function = getattr(item, "__func__", item)
+        code = getattr(function, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            parts.append(_ADDRESS.sub("", repr(item)) if isinstance(item, (str, int, float, bool)) else type(item).__qualname__)
+            continue
+        parts.append(code_digest(code))
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if held is cls or any(held is other for other in seen):  # (mutual closures)
+                continue
+            if inspect.isclass(held) and "<locals>" in held.__qualname__:
+                parts.append(f"{held.__module__}.{held.__qualname__}:"
+                             f"{_local_class_digest(held, seen | {cls})}")
+            else:
+                parts.append(describe(held) if callable(held) else type(held).__qualname__)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def _module_names(module: types.ModuleType) -> str:
