@@ -544,7 +544,15 @@ def compile_plain(fn: types.FunctionType, module: nn.Module, key: Any,
     """A region group compiled without precompile, for ``module``: one ``torch.compile`` per
     group and keywords (``key``), shared like the group's code object, with its own recompile
     bucket where torch has it (the bucket's id, else -1). With the process-wide
-    ``caching_precompile`` on, compiled and run with it off (:func:`isolate_from_global_flag`)."""
+    ``caching_precompile`` on, compiled and run with it off (:func:`isolate_from_global_flag`).
+
+    Every path returns the compile bound to ``module`` (a method whose ``__self__`` is the
+    block): kv_calls.CacheCalls reads the block's varying attributes (``layer_idx``) through
+    ``__self__`` before it lets a decode step take the layer view. Up to c50a859 a torch without
+    ``isolate_recompiles`` (2.11) got ``torch.compile(bound method)``, a function without
+    ``__self__``: the attributes read as missing, a block moved to another layer kept its view of
+    the old one and wrote and read the wrong layer (issue 52, test_generate's
+    ``another_layer[attribute]``)."""
     import torch
 
     from .torch_compat import dynamo
@@ -555,8 +563,8 @@ def compile_plain(fn: types.FunctionType, module: nn.Module, key: Any,
     if group is not None:
         return types.MethodType(group[0], module), group[1]
     if isolate:
-        return pc.compile_isolated(types.MethodType(fn, module), **compile_kwargs), -1
-    return torch.compile(types.MethodType(fn, module), **compile_kwargs), -1
+        return types.MethodType(pc.compile_isolated(fn, **compile_kwargs), module), -1
+    return types.MethodType(torch.compile(fn, **compile_kwargs), module), -1
 
 
 def _reset() -> None:
