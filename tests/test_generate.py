@@ -600,3 +600,28 @@ def test_fresh_node_restores_every_generate_graph(tmp_path, build_machine):
         assert all(s["eager_calls"] == 0 for s in varied[arch]["stats"].values()), varied[arch]
     llama_decode = [g for name, g in varied["llama"]["precompile_groups"].items() if name.endswith("__views")]
     assert [g["status"] for g in llama_decode] == ["loaded"], varied["llama"]["precompile_groups"]
+
+
+def test_a_block_sent_to_another_layer_stays_correct_on_a_torch_without_isolate_recompiles(
+        counting_backend, monkeypatch):
+    """torch 2.11's shape: no ``isolate_recompiles``, so each group is a plain ``torch.compile``.
+    The compiled call must still be bound to its block (``__self__``): CacheCalls reads the
+    block's ``layer_idx`` through it. Up to c50a859 it was not, and a block moved to another
+    layer by attribute wrote and read its old layer (off by 0.42 on torch 2.11)."""
+    from compile_cache.torch_compat import dynamo
+
+    monkeypatch.setattr(dynamo, "compile_group", lambda fn, key, **kw: None)
+
+    def build() -> _Rerouted:
+        model = _Rerouted("attribute").eval()
+        for block in model.blocks:
+            block.__class__ = _AttentionByAttribute
+        return model
+
+    ref = _decode(build(), steps=5)
+    model = build()
+    compile_regions(model, backend=counting_backend, cache_dir=False)
+    out = _decode(model, steps=5)
+    for got, want in zip(out, ref, strict=True):
+        torch.testing.assert_close(got, want)
+    assert model.blocks[1]._compiled_call_impl.compiled.__self__ is model.blocks[1]
