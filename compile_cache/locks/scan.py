@@ -96,10 +96,9 @@ def heartbeat_age_at(dfd: int, name: str) -> float | None:
         return None
     mtime = holder.time
     own = _lstat(dfd, name)
-    sub = None if own is None or stat.S_ISLNK(own.st_mode) else open_lockdir(dfd, name)
     if own is not None and stat.S_ISLNK(own.st_mode):
         mtime = own.st_mtime
-    elif sub is not None:
+    elif own is not None and (sub := open_lockdir(dfd, name)) is not None:
         try:
             mtime = os.stat(OWNER_FILE, dir_fd=sub, follow_symlinks=False).st_mtime
         except OSError:

@@ -18,6 +18,7 @@ from typing import Any
 from .. import config
 from .._paths import is_temp_name
 from ..errors import CorruptPackError, UnsafeStorePathError
+from ..locks.base import LOCKDIR_SUFFIX
 from ..locks.scan import break_stale_lock_at, is_lock_leftover, is_lock_name, is_stale_at
 from ._io import check_seconds, errno_name
 from .counters import bad_counts
@@ -186,7 +187,7 @@ class _Scan:
                 elif is_lock_name(name):
                     # A lockdir is stale by its holder's heartbeat; an unheld lock file is only
                     # garbage, kept as long as a temp file (copying a store must not flag its locks).
-                    age = (self.lock_stale_after if path.name.endswith(".lockdir")
+                    age = (self.lock_stale_after if path.name.endswith(LOCKDIR_SUFFIX)
                            else max(self.lock_stale_after, self.temp_age))
                     with self.fs.directory(locks_dir) as dfd:
                         stale = is_stale_at(dfd, path, stale_after=age, one_look=True)
@@ -255,6 +256,6 @@ def _odd_lock(fs: Any, path: Path) -> bool:
         mode = fs.lstat(path).st_mode
     except OSError:
         return False
-    if path.name.endswith(".lockdir"):
+    if path.name.endswith(LOCKDIR_SUFFIX):
         return not (stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
     return not stat.S_ISREG(mode)
