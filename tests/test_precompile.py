@@ -611,6 +611,8 @@ def test_a_type_guard_on_a_locally_defined_class_is_a_pin_on_its_class(marked_wi
     assert described == precompile_pins.describe(_local_class(torch.tanh))
     assert described != precompile_pins.describe(_local_class(torch.sigmoid))
     assert "<locals>.Func:" in described and " at 0x" not in described
+    # a constant its code closes over is described by value, not only by its type
+    assert precompile_pins.describe(_local_class(2.0)) != precompile_pins.describe(_local_class(3.0))
 
 
 def test_a_call_with_a_kv_cache_never_reaches_the_precompiled_code() -> None:

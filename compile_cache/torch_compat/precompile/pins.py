@@ -85,6 +85,8 @@ def _local_class_digest(cls: type, seen: frozenset[type] = frozenset()) -> str:
             if inspect.isclass(held) and "<locals>" in held.__qualname__:
                 parts.append(f"{held.__module__}.{held.__qualname__}:"
                              f"{_local_class_digest(held, seen | {cls})}")
+            elif isinstance(held, (str, bytes, int, float, bool, type(None))):
+                parts.append(repr(held))  # a constant the code reads: its value, not its type
             else:
                 parts.append(describe(held) if callable(held) else type(held).__qualname__)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
